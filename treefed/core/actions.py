@@ -1,0 +1,78 @@
+"""Actions: what the pure layers (core/, federation/) ask the shell to do.
+
+Every pure entry point returns ``list[Action]``.  The shell (node/, or the scenario
+engines) performs them *in order*, with one batching guarantee that the core relies on:
+
+    All StoreMessage / DeleteMessage actions produced while handling one batch of input
+    are committed to the message store before any Out action of that batch is written.
+
+That is what makes a ``Receipt`` (an Out) mean "committed", and lets many messages
+share one SQLite transaction (group commit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from treefed.wire.frames import Error, Frame
+
+__all__ = ["Action", "Out", "Close", "StoreMessage", "DeleteMessage", "Log", "Pause", "Resume"]
+
+
+class Action:
+    __slots__ = ()
+
+
+@dataclass(slots=True)
+class Out(Action):
+    """Write ``frame`` to connection (client or broker link) ``conn``."""
+
+    conn: str
+    frame: Frame
+
+
+@dataclass(slots=True)
+class Close(Action):
+    """Flush, send ``error`` if given, then close connection ``conn``."""
+
+    conn: str
+    error: Error | None = None
+
+
+@dataclass(slots=True)
+class StoreMessage(Action):
+    """Persist ``msg`` (a core.message.Message) durably before this batch's Outs."""
+
+    msg: Any
+
+
+@dataclass(slots=True)
+class DeleteMessage(Action):
+    """Remove the persisted copy of message ``msg_id`` held for destination ``dst``."""
+
+    msg_id: str
+    dst: str
+
+
+@dataclass(slots=True)
+class Log(Action):
+    """One event-log line: ``event`` is a name from events.EVENTS."""
+
+    event: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Pause(Action):
+    """Producer flow control: stop reading frames from ``conn`` (destination full)."""
+
+    conn: str
+    dst: str
+
+
+@dataclass(slots=True)
+class Resume(Action):
+    """Producer flow control: read from ``conn`` again."""
+
+    conn: str

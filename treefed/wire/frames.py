@@ -1,0 +1,296 @@
+"""Frame types of the treefed wire protocol (DESIGN §2).
+
+Theory of operation
+-------------------
+A frame on the wire is a 4-byte big-endian length N followed by N bytes of CBOR.  The CBOR
+item is an *array* ``[code, field1, field2, ...]`` (arrays are cheaper than maps): ``code``
+is the frame type's small integer and the fields follow in the order of ``FIELDS`` below.
+Trailing optional fields may be omitted by the encoder; the decoder fills their defaults.
+
+In memory a frame is one of the slotted dataclasses below.  ``SPECS`` is the table the
+codec validates against: for every field its name, its type tag and its default.  Type tags:
+
+  ``str``  ``int``  ``bool``  ``bytes``  ``float`` (int accepted)  ``num?`` (float or None)
+  ``str?`` (str or None)  ``strlist`` (list of str)  ``headers`` (dict str -> str/int/float/
+  bool/None)  ``map`` (dict with str keys, any CBOR values; for admin replies)
+
+This module only *describes* frames; encoding, decoding and validation live in
+``codec.py``.  Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Frame",
+    "Hello",
+    "Send",
+    "Subscribe",
+    "Unsubscribe",
+    "Ack",
+    "Nack",
+    "Deliver",
+    "Receipt",
+    "Ping",
+    "Pong",
+    "Error",
+    "Bye",
+    "Advisory",
+    "Forward",
+    "ForwardAck",
+    "StatRequest",
+    "StatReply",
+    "FieldSpec",
+    "SPECS",
+    "CODES",
+    "BY_CODE",
+]
+
+PROTOCOL_VERSION = 1
+
+
+class Frame:
+    """Marker base class of every frame type."""
+
+    __slots__ = ()
+
+
+@dataclass(slots=True)
+class Hello(Frame):
+    """First frame each side sends.
+
+    role: "client" | "broker".  For broker links: connector ("tree" | "mesh"),
+    node_type ("leaf" | "branch" | "root" | "mesh"), ancestry (broker ids from the
+    sender's parent up to the root, tree links only), link name (mesh connectors may
+    link one pair several times under distinct names), duplex flag, and ``options``: the
+    dialing side's connector settings (network_ttl, conduit_subscriptions, filters...) so
+    the accepting side of a duplex or one-way link applies the same rules.
+    """
+
+    version: int
+    role: str
+    broker_id: str | None = None
+    name: str | None = None
+    connector: str | None = None
+    node_type: str | None = None
+    ancestry: list[str] = field(default_factory=list)
+    link_name: str | None = None
+    duplex: bool = False
+    username: str | None = None
+    password: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Send(Frame):
+    """A producer's message. ``ttl`` in milliseconds (0 = never expires)."""
+
+    dst: str
+    id: str
+    headers: dict[str, Any] = field(default_factory=dict)
+    body: bytes = b""
+    persistent: bool = False
+    priority: int = 4
+    ttl: int = 0
+    reply_to: str | None = None
+    receipt: bool = False
+
+
+@dataclass(slots=True)
+class Subscribe(Frame):
+    """Open a consumer. The broker answers with Receipt(id) or Error(ref=id)."""
+
+    id: str
+    dst: str
+    selector: str | None = None
+    prefetch: int = 1000
+    priority: int = 0
+
+
+@dataclass(slots=True)
+class Unsubscribe(Frame):
+    id: str
+
+
+@dataclass(slots=True)
+class Ack(Frame):
+    """Acknowledge (and so delete) message ``msg`` delivered to subscription ``sub``."""
+
+    sub: str
+    msg: str
+
+
+@dataclass(slots=True)
+class Nack(Frame):
+    """Give a delivered message back for redelivery (or the DLQ after max redeliveries)."""
+
+    sub: str
+    msg: str
+
+
+@dataclass(slots=True)
+class Deliver(Frame):
+    """A message delivered to subscription ``sub``. ``redelivered`` counts earlier tries.
+    ``timestamp`` is the broker's receive time in epoch seconds, ``expires`` epoch seconds
+    (0 = never)."""
+
+    sub: str
+    msg: str
+    dst: str
+    headers: dict[str, Any] = field(default_factory=dict)
+    body: bytes = b""
+    persistent: bool = False
+    priority: int = 4
+    redelivered: int = 0
+    reply_to: str | None = None
+    timestamp: float = 0.0
+    expires: float = 0.0
+
+
+@dataclass(slots=True)
+class Receipt(Frame):
+    """Confirms request ``id``: a persistent send once committed, a subscribe once open."""
+
+    id: str
+
+
+@dataclass(slots=True)
+class Ping(Frame):
+    token: int = 0
+
+
+@dataclass(slots=True)
+class Pong(Frame):
+    token: int = 0
+
+
+@dataclass(slots=True)
+class Error(Frame):
+    """``code`` names the problem (see errors.py); ``ref`` is the refused request's id,
+    or None when the error is fatal and the connection is being closed."""
+
+    code: str
+    message: str
+    ref: str | None = None
+
+
+@dataclass(slots=True)
+class Bye(Frame):
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class Advisory(Frame):
+    """Consumer interest crossing a broker link.
+
+    ``path`` lists the brokers the advisory has passed *before the sender*, origin
+    excluded (DESIGN §4.1): a consumer local to the sender arrives with ``path == []``.
+    """
+
+    kind: str
+    consumer: str
+    dst: str
+    origin: str
+    selector: str | None = None
+    priority: int = 0
+    path: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Forward(Frame):
+    """A message crossing a broker link. ``path`` lists the brokers it has left,
+    the sender last."""
+
+    dst: str
+    id: str
+    path: list[str]
+    headers: dict[str, Any] = field(default_factory=dict)
+    body: bytes = b""
+    persistent: bool = False
+    priority: int = 4
+    expires: float = 0.0
+    reply_to: str | None = None
+    timestamp: float = 0.0
+    redelivered: int = 0
+
+
+@dataclass(slots=True)
+class ForwardAck(Frame):
+    """The receiver has taken (stored, if persistent) these forwarded message ids."""
+
+    ids: list[str]
+
+
+@dataclass(slots=True)
+class StatRequest(Frame):
+    what: str = "all"
+
+
+@dataclass(slots=True)
+class StatReply(Frame):
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    name: str
+    kind: str
+    required: bool
+    default: Any = None
+    default_factory: Any = None
+
+
+def _specs(cls: type) -> tuple[FieldSpec, ...]:
+    import dataclasses
+
+    out = []
+    for f in dataclasses.fields(cls):
+        kind = _KINDS[cls.__name__][f.name]
+        if f.default is not dataclasses.MISSING:
+            out.append(FieldSpec(f.name, kind, False, default=f.default))
+        elif f.default_factory is not dataclasses.MISSING:
+            out.append(FieldSpec(f.name, kind, False, default_factory=f.default_factory))
+        else:
+            out.append(FieldSpec(f.name, kind, True))
+    return tuple(out)
+
+
+_KINDS: dict[str, dict[str, str]] = {
+    "Hello": dict(version="int", role="str", broker_id="str?", name="str?", connector="str?",
+                  node_type="str?", ancestry="strlist", link_name="str?", duplex="bool",
+                  username="str?", password="str?", options="map"),
+    "Send": dict(dst="str", id="str", headers="headers", body="bytes", persistent="bool",
+                 priority="int", ttl="int", reply_to="str?", receipt="bool"),
+    "Subscribe": dict(id="str", dst="str", selector="str?", prefetch="int", priority="int"),
+    "Unsubscribe": dict(id="str"),
+    "Ack": dict(sub="str", msg="str"),
+    "Nack": dict(sub="str", msg="str"),
+    "Deliver": dict(sub="str", msg="str", dst="str", headers="headers", body="bytes",
+                    persistent="bool", priority="int", redelivered="int", reply_to="str?",
+                    timestamp="float", expires="float"),
+    "Receipt": dict(id="str"),
+    "Ping": dict(token="int"),
+    "Pong": dict(token="int"),
+    "Error": dict(code="str", message="str", ref="str?"),
+    "Bye": dict(reason="str"),
+    "Advisory": dict(kind="str", consumer="str", dst="str", origin="str", selector="str?",
+                     priority="int", path="strlist"),
+    "Forward": dict(dst="str", id="str", path="strlist", headers="headers", body="bytes",
+                    persistent="bool", priority="int", expires="float", reply_to="str?",
+                    timestamp="float", redelivered="int"),
+    "ForwardAck": dict(ids="strlist"),
+    "StatRequest": dict(what="str"),
+    "StatReply": dict(data="map"),
+}
+
+#: frame class -> wire code. Codes are part of the protocol: never renumber.
+CODES: dict[type, int] = {
+    Hello: 1, Send: 2, Subscribe: 3, Unsubscribe: 4, Ack: 5, Nack: 6, Deliver: 7,
+    Receipt: 8, Ping: 9, Pong: 10, Error: 11, Bye: 12, Advisory: 20, Forward: 21,
+    ForwardAck: 22, StatRequest: 30, StatReply: 31,
+}
+BY_CODE: dict[int, type] = {code: cls for cls, code in CODES.items()}
+SPECS: dict[type, tuple[FieldSpec, ...]] = {cls: _specs(cls) for cls in CODES}
