@@ -1,0 +1,161 @@
+"""Tests for treefed.log: structlog configuration and the event-log writer."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from pathlib import Path
+
+import pytest
+import structlog
+from structlog.testing import capture_logs
+
+from treefed.errors import ConfigError
+from treefed.events import SCHEMA_VERSION, validate_event
+from treefed.log import EventWriter, configure_logging, get_logger
+
+
+@pytest.fixture(autouse=True)
+def _reset_structlog():
+    yield
+    configure_logging(file=io.StringIO())  # closes a log file a test had opened by path
+    structlog.reset_defaults()
+
+
+class TestConfigureLogging:
+    def test_json_lines_with_schema_fields(self) -> None:
+        """Each line is JSON with event, level, float ts, v and the bound broker."""
+        out = io.StringIO()
+        configure_logging("info", file=out, json=True)
+        get_logger(broker="hq").info("link.up", link="L:tree:region-1", peer="region-1",
+                                     connector="tree", role="root")
+        record = json.loads(out.getvalue())
+        assert record["event"] == "link.up" and record["level"] == "info"
+        assert record["broker"] == "hq" and record["v"] == SCHEMA_VERSION
+        assert isinstance(record["ts"], float) and record["ts"] > 1e9
+        assert validate_event(record) == []
+
+    def test_level_filters(self) -> None:
+        """Below the configured level nothing is written."""
+        out = io.StringIO()
+        configure_logging("warning", file=out, json=True)
+        log = get_logger(broker="b")
+        log.info("quiet")
+        log.debug("quieter")
+        log.warning("loud")
+        lines = out.getvalue().splitlines()
+        assert [json.loads(line)["event"] for line in lines] == ["loud"]
+
+    def test_file_path_is_appended(self, tmp_path: Path) -> None:
+        """A path is opened for append, keeping earlier lines."""
+        path = tmp_path / "broker.log"
+        path.write_text('{"event":"earlier"}\n')
+        configure_logging("info", file=path, json=True)
+        get_logger().info("later")
+        configure_logging(file=io.StringIO())  # closes (and so flushes) the file
+        events = [json.loads(line)["event"] for line in path.read_text().splitlines()]
+        assert events == ["earlier", "later"]
+
+    def test_console_renderer_when_not_json(self) -> None:
+        """json=False renders for people: the event is there, the line is not JSON."""
+        out = io.StringIO()
+        configure_logging("info", file=out, json=False)
+        get_logger(broker="hq").info("link.down", peer="region-1")
+        text = out.getvalue()
+        assert "link.down" in text and "region-1" in text
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(text)
+
+    def test_json_by_default_off_a_terminal(self) -> None:
+        """With json=None a non-terminal stream gets JSON lines."""
+        out = io.StringIO()
+        configure_logging(file=out)
+        get_logger().info("x")
+        assert json.loads(out.getvalue())["event"] == "x"
+
+    def test_bad_level(self) -> None:
+        """An unknown level is a ConfigError naming logging.level."""
+        with pytest.raises(ConfigError) as info:
+            configure_logging("loud")
+        assert info.value.key == "logging.level"
+
+    def test_capture_logs_sees_bound_context(self) -> None:
+        """Tests can capture events with structlog.testing.capture_logs."""
+        configure_logging("debug", file=io.StringIO(), json=True)
+        log = get_logger(broker="store-r1-0001", link="L:tree:region-1")
+        with capture_logs() as logs:
+            log.info("advisory.dropped", reason="ttl")
+        assert logs == [{"event": "advisory.dropped", "reason": "ttl", "log_level": "info",
+                         "broker": "store-r1-0001", "link": "L:tree:region-1"}]
+
+
+FIELDS = {"link": "L:tree:hq", "peer": "hq", "consumer": "store-r1-0001/c1/s1",
+          "dst": "queue://Store.store-r1-0001.Incoming", "origin": "store-r1-0001",
+          "kind": "add", "hops": 1}
+
+
+class TestEventWriter:
+    def test_lines_follow_the_schema(self, tmp_path: Path) -> None:
+        """Every line has ts, broker, event, run, v and the fields, and validates."""
+        path = tmp_path / "events.jsonl"
+        with EventWriter(path, run="run-1") as writer:
+            writer.write(1.5, "region-1", "advisory.received", FIELDS)
+            writer.write(2, "hq", "run.finished", {"scenario": "s", "mode": "tree",
+                                                   "params": "{}", "brokers": 3, "links": 2,
+                                                   "engine": "replay"})
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        assert records[0] == {"ts": 1.5, "broker": "region-1", "event": "advisory.received",
+                              "run": "run-1", "v": SCHEMA_VERSION, **FIELDS}
+        assert records[1]["ts"] == 2 and records[1]["broker"] == "hq"
+        assert all(validate_event(r) == [] for r in records)
+
+    def test_no_run_no_fields(self) -> None:
+        """Without run or fields a line carries only the common keys."""
+        out = io.StringIO()
+        writer = EventWriter(out)
+        writer.write(0.25, "b", "message.stranded")
+        writer.close()
+        assert json.loads(out.getvalue()) == {"ts": 0.25, "broker": "b",
+                                              "event": "message.stranded", "v": SCHEMA_VERSION}
+        assert not out.closed  # a file passed in is flushed, not closed
+
+    def test_gz_suffix_compresses(self, tmp_path: Path) -> None:
+        """A .gz path is written as gzip."""
+        path = tmp_path / "events.jsonl.gz"
+        with EventWriter(path, run="r") as writer:
+            for i in range(100):
+                writer.write(i / 10, "hq", "message.produced", {"msg": f"m{i}", "dst": "q"})
+        lines = gzip.decompress(path.read_bytes()).decode().splitlines()
+        assert len(lines) == 100 and json.loads(lines[-1])["msg"] == "m99"
+
+    def test_buffers_until_the_limit(self) -> None:
+        """Lines reach the file in chunks of buffer_lines, the rest on close."""
+        out = io.BytesIO()
+        writer = EventWriter(out, buffer_lines=3)
+        for i in range(4):
+            writer.write(i, "b", "message.produced", {"msg": str(i), "dst": "q"})
+        assert out.getvalue().count(b"\n") == 3
+        writer.close()
+        assert out.getvalue().count(b"\n") == 4 and writer.lines == 4
+
+    def test_unicode_and_escapes(self) -> None:
+        """Broker ids and values with quotes or non-ASCII text stay valid JSON."""
+        out = io.StringIO()
+        with EventWriter(out, run='r"1') as writer:
+            writer.write(1.0, 'b"é', "message.produced", {"msg": "ü\n", "dst": "q"})
+        assert json.loads(out.getvalue())["broker"] == 'b"é'
+
+    def test_same_schema_as_structlog(self) -> None:
+        """A structlog line and an EventWriter line for one event carry the same keys."""
+        logged = io.StringIO()
+        configure_logging("info", file=logged, json=True)
+        get_logger(broker="hq").info("advisory.sent", **FIELDS)
+        written = io.StringIO()
+        with EventWriter(written) as writer:
+            writer.write(1.0, "hq", "advisory.sent", FIELDS)
+        from_log = json.loads(logged.getvalue())
+        from_writer = json.loads(written.getvalue())
+        assert set(from_log) - {"level"} == set(from_writer)
+        assert {k: v for k, v in from_log.items() if k not in ("ts", "level")} == {
+            k: v for k, v in from_writer.items() if k != "ts"}

@@ -1,0 +1,526 @@
+"""Broker configuration: one site's TOML file -> frozen, validated dataclasses.
+
+Theory of operation
+-------------------
+``load_config(path)`` reads TOML with ``tomllib`` and hands the dict to
+``parse_config``, which checks every section against a *table* of fields
+(``_BROKER``, ``_LOGGING``, ``_POLICY``, ``_TREE``, ``_MESH``): for each known key a
+checker and a default.  The first problem found raises ``ConfigError(key, problem)`` with
+the dotted key at fault (``network_connector[1].network_ttl``, arrays indexed from 0) and
+a problem a person can act on; an unknown key is a problem too, with the closest known
+key suggested, because a typo that silently falls back to a default is the worst kind of
+misconfiguration.
+
+Invariants of a returned ``BrokerConfig``: every value has its documented type and range;
+destination patterns and URIs parse (``core.destinations`` / ``transport.uri``, imported
+lazily so this module has no import-time dependency on them) and destinations are kept in
+canonical form (a bare name is a queue); network connector names are
+unique; relative paths (``broker.data_dir``, ``logging.file``) are resolved against the
+folder of the config file.  Lists are tuples so the whole config is immutable and
+hashable.
+
+This module never opens a socket or creates a directory: validating a config has no side
+effects, so ``treefed broker --config`` can refuse a bad file before it touches anything.
+``dump_config`` writes the same format back (the scenario runner uses it to give each
+site process its own file); ``parse_config(tomllib.loads(dump_config(c)))`` equals ``c``
+apart from ``source_path``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable
+
+from treefed.errors import ConfigError, TreefedError
+
+__all__ = [
+    "BrokerConfig",
+    "BrokerSection",
+    "LoggingSection",
+    "PolicyConfig",
+    "TreeConnectorConfig",
+    "NetworkConnectorConfig",
+    "LOG_LEVELS",
+    "load_config",
+    "parse_config",
+    "dump_config",
+    "parse_mesh_options",
+    "parse_tree_options",
+]
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+# --------------------------------------------------------------------------- dataclasses
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSection:
+    id: str                          # unique across the estate; appears in paths and logs
+    name: str                        # human label; defaults to id
+    data_dir: str                    # message store folder, resolved against the config
+    listen: tuple[str, ...] = ()     # tcp:// URIs to accept clients and broker links on
+    max_frame_bytes: int = 4 * 1024 * 1024  # checked before a frame is allocated
+    max_redeliveries: int = 6        # nacks/lost deliveries before the DLQ
+    dlq: str = "queue://DLQ"
+    heartbeat_interval: float = 10.0  # seconds between pings on idle links; 0 = off
+    accept_tree_children: bool = True  # refuse tree hellos when false
+    accept_mesh: bool = True         # refuse mesh hellos when false
+
+
+@dataclass(frozen=True, slots=True)
+class LoggingSection:
+    level: str = "info"              # one of LOG_LEVELS
+    file: str = ""                   # "" = stderr
+    message_events: bool = False     # per-message events: debug volume, off in production
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    pattern: str                     # destination pattern, * and > allowed
+    max_messages: int = 0            # 0 = unlimited
+    max_bytes: int = 0
+    limit_behaviour: str = "block"   # block | reject_newest | drop_oldest
+    max_message_bytes: int = 0
+    local_only: bool = False         # never forwarded over any link
+    on_expiry: str = "dlq"           # dlq | discard
+
+    def destination_policy(self) -> Any:
+        """This policy as a ``core.policy.DestinationPolicy``."""
+        from treefed.core.policy import DestinationPolicy
+
+        return DestinationPolicy(
+            max_messages=self.max_messages, max_bytes=self.max_bytes,
+            limit_behaviour=self.limit_behaviour, max_message_bytes=self.max_message_bytes,
+            local_only=self.local_only, on_expiry=self.on_expiry)
+
+
+@dataclass(frozen=True, slots=True)
+class TreeConnectorConfig:
+    uri: str                         # the parent: tcp://h:p or failover:(...)?opts
+    node_type: str = "leaf"          # leaf | branch (the root has no tree connector)
+    route_unknown_up: bool = True    # send messages nobody below wants to the parent
+    max_interest_per_child: int = 100_000  # cap on interest one child may register
+
+    def link_settings(self) -> Any:
+        """Settings for the federation Bridge of this link (``kind="tree"``)."""
+        from treefed.federation.settings import LinkSettings
+
+        return LinkSettings(kind="tree", name="tree", node_type=self.node_type,
+                            route_unknown_up=self.route_unknown_up,
+                            max_demand_per_link=self.max_interest_per_child)
+
+    def tree_settings(self) -> Any:
+        """This site's own place in the tree (``federation.settings.TreeSettings``)."""
+        from treefed.federation.settings import TreeSettings
+
+        return TreeSettings(node_type=self.node_type, route_unknown_up=self.route_unknown_up)
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkConnectorConfig:
+    """A classic (mesh) network connector; the option names follow ActiveMQ's, snake_cased."""
+
+    name: str
+    uri: str
+    network_ttl: int = 1
+    consumer_ttl: int = 1            # defaults to network_ttl
+    message_ttl: int = 1             # defaults to network_ttl
+    duplex: bool = False
+    conduit_subscriptions: bool = True
+    dynamically_included: tuple[str, ...] = ()
+    excluded: tuple[str, ...] = ()
+    statically_included: tuple[str, ...] = ()   # no wildcards: forwarded without demand
+    decrease_network_consumer_priority: bool = False
+    suppress_duplicate_queue_subscriptions: bool = False
+    suppress_duplicate_topic_subscriptions: bool = True
+    bridge_temp_destinations: bool = True
+    prefetch: int = 1000
+    static_bridge: bool = False      # no advisories at all, static includes only
+    max_demand_per_link: int = 100_000
+
+    def link_settings(self) -> Any:
+        """Settings for the federation Bridge of this link (``kind="mesh"``); the uri is
+        the transport's business, not the bridge's."""
+        from treefed.federation.settings import LinkSettings
+
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "uri"}
+        return LinkSettings(kind="mesh", **values)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    broker: BrokerSection
+    logging: LoggingSection
+    policies: tuple[PolicyConfig, ...]
+    tree_connector: TreeConnectorConfig | None
+    network_connectors: tuple[NetworkConnectorConfig, ...]
+    source_path: str | None = None   # the file it came from; None when parsed from a dict
+
+    def policy_set(self) -> Any:
+        """The ``[[policy]]`` list as a ``core.policy.PolicySet`` (first match wins)."""
+        from treefed.core.policy import PolicySet
+
+        return PolicySet([(p.pattern, p.destination_policy()) for p in self.policies])
+
+
+# --------------------------------------------------------------------------- checkers
+# A checker takes (value, dotted key) and returns the normalised value or raises
+# ConfigError.  Tables of checkers describe sections; _check_table applies them.
+
+Checker = Callable[[Any, str], Any]
+_REQUIRED = object()
+_ID_RE = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def _show(value: Any) -> str:
+    """A value as the user wrote it (TOML-ish), for error messages."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a table"
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except ValueError:  # nan / circular
+        return repr(value)
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _suggest(word: str, known: Any, what: str = "keys") -> str:
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    if close:
+        return f'; did you mean "{close[0]}"?'
+    return f"; known {what}: " + ", ".join(sorted(known))
+
+
+def _int(low: int, high: int | None = None) -> Checker:
+    want = f"an integer >= {low}" if high is None else f"an integer {low}..{high}"
+
+    def check(value: Any, key: str) -> int:
+        if (isinstance(value, bool) or not isinstance(value, int) or value < low
+                or (high is not None and value > high)):
+            raise ConfigError(key, f"must be {want}, got {_show(value)}")
+        return value
+
+    return check
+
+
+def _number(low: float) -> Checker:
+    def check(value: Any, key: str) -> float:
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value) or value < low):
+            raise ConfigError(key, f"must be a number >= {low:g}, got {_show(value)}")
+        return float(value)
+
+    return check
+
+
+def _bool(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(key, f"must be true or false, got {_show(value)}")
+    return value
+
+
+def _choice(*options: str) -> Checker:
+    def check(value: Any, key: str) -> str:
+        if value not in options:
+            listed = ", ".join(f'"{o}"' for o in options)
+            raise ConfigError(key, f"must be one of {listed}, got {_show(value)}")
+        return value
+
+    return check
+
+
+def _string(value: Any, key: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(key, f"must be a string, got {_show(value)}")
+    return value
+
+
+def _identifier(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not _ID_RE.fullmatch(value):
+        raise ConfigError(key, f"must be a non-empty string of letters, digits, '.', '_' "
+                               f"or '-', got {_show(value)}")
+    return value
+
+
+def _destination(*, wildcards: bool, queue_only: bool = False) -> Checker:
+    def check(value: Any, key: str) -> str:
+        from treefed.core.destinations import parse_destination
+
+        text = _string(value, key)
+        if not wildcards and any(seg in ("*", ">") for seg in text.split("://")[-1].split(".")):
+            raise ConfigError(key, f"wildcards are not allowed here, got {_show(text)}")
+        try:
+            canonical = parse_destination(text, allow_wildcards=wildcards)
+        except TreefedError as exc:
+            raise ConfigError(key, f"invalid destination {_show(text)}: {_reason(exc)}") from None
+        if queue_only and not canonical.startswith("queue://"):
+            raise ConfigError(key, f"must be a queue, got {_show(text)}")
+        return canonical
+
+    return check
+
+
+def _uri(*schemes: str, listen: bool = False) -> Checker:
+    def check(value: Any, key: str) -> str:
+        from treefed.transport.uri import parse_uri
+
+        text = _string(value, key)
+        if not text.lower().startswith(schemes):
+            listed = ", ".join(schemes)
+            raise ConfigError(key, f"must be a URI starting with {listed}, got {_show(text)}")
+        parse_uri(text, key=key, listen=listen)  # its ConfigError already names key
+        return text
+
+    return check
+
+
+def _reason(exc: Exception) -> str:
+    return getattr(exc, "problem", None) or str(exc)
+
+
+def _list_of(item: Checker) -> Checker:
+    def check(value: Any, key: str) -> tuple:
+        if not isinstance(value, list):
+            raise ConfigError(key, f"must be a list, got {_show(value)}")
+        return tuple(item(v, f"{key}[{i}]") for i, v in enumerate(value))
+
+    return check
+
+
+def _check_table(value: Any, table: dict[str, tuple[Checker, Any]], key: str) -> dict:
+    """Apply a field table to one TOML table: unknown keys, missing keys, each checker."""
+    if not isinstance(value, dict):
+        raise ConfigError(key, f"must be a table, got {_show(value)}")
+    for name in value:
+        if name not in table:
+            raise ConfigError(_join(key, name), "unknown key" + _suggest(name, table))
+    out = {}
+    for name, (check, default) in table.items():
+        if name in value:
+            out[name] = check(value[name], _join(key, name))
+        elif default is _REQUIRED:
+            raise ConfigError(_join(key, name), "required key is missing")
+        else:
+            out[name] = default
+    return out
+
+
+def _array_of_tables(value: Any, key: str) -> list:
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ConfigError(key, f"must be an array of tables ([[{key}]])")
+    return value
+
+
+# --------------------------------------------------------------------------- section tables
+
+_BROKER: dict[str, tuple[Checker, Any]] = {
+    "id": (_identifier, _REQUIRED),
+    "name": (_string, None),
+    "data_dir": (_string, None),
+    "listen": (_list_of(_uri("tcp://", listen=True)), ()),
+    "max_frame_bytes": (_int(1024, 2**32 - 1), 4 * 1024 * 1024),
+    "max_redeliveries": (_int(0), 6),
+    "dlq": (_destination(wildcards=False, queue_only=True), "queue://DLQ"),
+    "heartbeat_interval": (_number(0.0), 10.0),
+    "accept_tree_children": (_bool, True),
+    "accept_mesh": (_bool, True),
+}
+
+def _log_level(value: Any, key: str) -> str:
+    return _choice(*LOG_LEVELS)(value.lower() if isinstance(value, str) else value, key)
+
+
+_LOGGING: dict[str, tuple[Checker, Any]] = {
+    "level": (_log_level, "info"),
+    "file": (_string, ""),
+    "message_events": (_bool, False),
+}
+
+_POLICY: dict[str, tuple[Checker, Any]] = {
+    "pattern": (_destination(wildcards=True), _REQUIRED),
+    "max_messages": (_int(0), 0),
+    "max_bytes": (_int(0), 0),
+    "limit_behaviour": (_choice("block", "reject_newest", "drop_oldest"), "block"),
+    "max_message_bytes": (_int(0), 0),
+    "local_only": (_bool, False),
+    "on_expiry": (_choice("dlq", "discard"), "dlq"),
+}
+
+#: Tree connector options a scenario mode may set (everything but the uri).
+_TREE_OPTIONS: dict[str, tuple[Checker, Any]] = {
+    "route_unknown_up": (_bool, True),
+    "max_interest_per_child": (_int(1), 100_000),
+}
+_TREE: dict[str, tuple[Checker, Any]] = {
+    "node_type": (_choice("leaf", "branch"), "leaf"),
+    "uri": (_uri("tcp://", "failover:"), _REQUIRED),
+    **_TREE_OPTIONS,
+}
+
+_TTL = _int(-1)
+#: Mesh connector options a scenario mode may set (everything but name and uri).
+#: consumer_ttl / message_ttl default to None here and to network_ttl once resolved.
+_MESH_OPTIONS: dict[str, tuple[Checker, Any]] = {
+    "network_ttl": (_TTL, 1),
+    "consumer_ttl": (_TTL, None),
+    "message_ttl": (_TTL, None),
+    "duplex": (_bool, False),
+    "conduit_subscriptions": (_bool, True),
+    "dynamically_included": (_list_of(_destination(wildcards=True)), ()),
+    "excluded": (_list_of(_destination(wildcards=True)), ()),
+    "statically_included": (_list_of(_destination(wildcards=False)), ()),
+    "decrease_network_consumer_priority": (_bool, False),
+    "suppress_duplicate_queue_subscriptions": (_bool, False),
+    "suppress_duplicate_topic_subscriptions": (_bool, True),
+    "bridge_temp_destinations": (_bool, True),
+    "prefetch": (_int(1), 1000),
+    "static_bridge": (_bool, False),
+    "max_demand_per_link": (_int(1), 100_000),
+}
+_MESH: dict[str, tuple[Checker, Any]] = {
+    "name": (_identifier, "bridge"),
+    "uri": (_uri("static:", "tcp://", "failover:"), _REQUIRED),
+    **_MESH_OPTIONS,
+}
+
+_SECTIONS = ("broker", "logging", "policy", "tree_connector", "network_connector")
+
+
+def _resolve_ttls(values: dict) -> dict:
+    for name in ("consumer_ttl", "message_ttl"):
+        if values.get(name) is None:
+            values[name] = values["network_ttl"]
+    return values
+
+
+def parse_mesh_options(table: dict, key: str = "") -> dict:
+    """Validate mesh connector options (no name/uri); returns only the keys given.
+
+    Used by scenario modes so a typo in ``[[mode]]`` is caught with the same message as
+    in a broker config.
+    """
+    values = _check_table(table, _MESH_OPTIONS, key)
+    return {k: v for k, v in values.items() if k in table}
+
+
+def parse_tree_options(table: dict, key: str = "") -> dict:
+    """Validate tree connector options (no uri/node_type); returns only the keys given."""
+    values = _check_table(table, _TREE_OPTIONS, key)
+    return {k: v for k, v in values.items() if k in table}
+
+
+# --------------------------------------------------------------------------- load / parse
+
+
+def load_config(path: str | Path) -> BrokerConfig:
+    """Read and validate one broker config file. Raises ConfigError on any problem."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError("", f"{path}: cannot read: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError("", f"{path}: invalid TOML: {exc}") from None
+    return parse_config(data, source=str(path))
+
+
+def parse_config(data: dict, *, source: str = "<string>") -> BrokerConfig:
+    """Validate a decoded TOML document. Relative paths resolve against ``source``'s
+    folder when ``source`` names a file, else stay relative to the working directory."""
+    try:
+        return _parse(data, source)
+    except ConfigError as exc:
+        exc.add_note(f"in {source}")
+        raise
+
+
+def _parse(data: dict, source: str) -> BrokerConfig:
+    for name in data:
+        if name not in _SECTIONS:
+            raise ConfigError(name, "unknown section" + _suggest(name, _SECTIONS))
+    if "broker" not in data:
+        raise ConfigError("broker", "required section is missing")
+    base = None if source.startswith("<") else Path(source).parent
+
+    def resolve(p: str) -> str:
+        return str(base / p) if base is not None and p and not Path(p).is_absolute() else p
+
+    b = _check_table(data["broker"], _BROKER, "broker")
+    b["name"] = b["name"] or b["id"]
+    b["data_dir"] = resolve(b["data_dir"] or f"data/{b['id']}")
+    broker = BrokerSection(**b)
+
+    lg = _check_table(data.get("logging", {}), _LOGGING, "logging")
+    lg["file"] = resolve(lg["file"])
+    logging = LoggingSection(**lg)
+
+    policies = tuple(
+        PolicyConfig(**_check_table(p, _POLICY, f"policy[{i}]"))
+        for i, p in enumerate(_array_of_tables(data.get("policy", []), "policy")))
+
+    tree = None
+    if "tree_connector" in data:
+        if isinstance(data["tree_connector"], list):
+            raise ConfigError("tree_connector", "at most one tree connector: use "
+                                                "[tree_connector], not [[tree_connector]]")
+        tree = TreeConnectorConfig(**_check_table(data["tree_connector"], _TREE,
+                                                  "tree_connector"))
+
+    mesh: list[NetworkConnectorConfig] = []
+    seen: dict[str, int] = {}
+    raw = _array_of_tables(data.get("network_connector", []), "network_connector")
+    for i, table in enumerate(raw):
+        key = f"network_connector[{i}]"
+        values = _resolve_ttls(_check_table(table, _MESH, key))
+        if values["name"] in seen:
+            raise ConfigError(f"{key}.name", f'duplicate connector name "{values["name"]}" '
+                                             f"(also network_connector[{seen[values['name']]}]"
+                                             "); give each connector its own name")
+        seen[values["name"]] = i
+        mesh.append(NetworkConnectorConfig(**values))
+
+    return BrokerConfig(broker, logging, policies, tree, tuple(mesh),
+                        source_path=None if base is None else source)
+
+
+# --------------------------------------------------------------------------- dump
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        # JSON string escapes are a subset of TOML basic-string escapes; DEL is the one
+        # control character JSON leaves raw and TOML refuses.
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} as TOML")
+
+
+def _toml_table(header: str, obj: Any) -> str:
+    lines = [header]
+    lines += [f"{f.name} = {_toml_value(getattr(obj, f.name))}" for f in fields(obj)]
+    return "\n".join(lines) + "\n"
+
+
+def dump_config(config: BrokerConfig) -> str:
+    """The config as TOML text, every key explicit (paths as resolved at load time)."""
+    parts = [_toml_table("[broker]", config.broker), _toml_table("[logging]", config.logging)]
+    parts += [_toml_table("[[policy]]", p) for p in config.policies]
+    if config.tree_connector is not None:
+        parts.append(_toml_table("[tree_connector]", config.tree_connector))
+    parts += [_toml_table("[[network_connector]]", n) for n in config.network_connectors]
+    return "\n".join(parts)
