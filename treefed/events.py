@@ -43,6 +43,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "message.stranded": ("msg", "dst"),
     "link.up": ("link", "peer", "connector", "role"),
     "link.down": ("link", "peer", "connector", "role"),
+    # a link refused after the hello exchange (tree validation, bad options)
+    "link.refused": ("link", "peer", "connector", "role", "reason"),
     "broker.info": ("role", "node_type", "parent"),
     "run.started": ("scenario", "mode", "params", "brokers", "links", "engine"),
     "run.finished": ("scenario", "mode", "params", "brokers", "links", "engine"),

@@ -1,1 +1,32 @@
-"""treefed.transport."""
+"""treefed.transport: URIs, reconnect back-off, trio byte streams and framed streams.
+
+``uri`` and ``backoff`` are pure; ``streams`` and ``framed`` are the trio edge.
+"""
+
+from treefed.transport.backoff import Backoff, backoff_for
+from treefed.transport.framed import RECEIVE_SIZE, FramedStream
+from treefed.transport.streams import (
+    DEFAULT_CONNECT_TIMEOUT,
+    connect_with_retry,
+    memory_stream_pair,
+    open_tcp,
+    serve_tcp,
+)
+from treefed.transport.uri import Endpoint, Failover, Static, Target, parse_uri
+
+__all__ = [
+    "Backoff",
+    "backoff_for",
+    "FramedStream",
+    "RECEIVE_SIZE",
+    "DEFAULT_CONNECT_TIMEOUT",
+    "connect_with_retry",
+    "memory_stream_pair",
+    "open_tcp",
+    "serve_tcp",
+    "Endpoint",
+    "Failover",
+    "Static",
+    "Target",
+    "parse_uri",
+]

@@ -1,1 +1,73 @@
-"""treefed.wire."""
+"""treefed.wire: frame types and the CBOR codec (pure; cbor2 is the only dependency).
+
+``frames`` describes the frame types and their field table; ``codec`` encodes frames and
+parses byte streams back into validated frames.  Nothing here does I/O.
+"""
+
+from treefed.wire.codec import (
+    DEFAULT_MAX_FRAME,
+    HELLO_ROLES,
+    NEED_DATA,
+    FrameDecoder,
+    check_hello,
+    encode,
+    encode_many,
+)
+from treefed.wire.frames import (
+    BY_CODE,
+    CODES,
+    PROTOCOL_VERSION,
+    SPECS,
+    Ack,
+    Advisory,
+    Bye,
+    Deliver,
+    Error,
+    FieldSpec,
+    Forward,
+    ForwardAck,
+    Frame,
+    Hello,
+    Nack,
+    Ping,
+    Pong,
+    Receipt,
+    Send,
+    StatReply,
+    StatRequest,
+    Subscribe,
+    Unsubscribe,
+)
+
+__all__ = [
+    "DEFAULT_MAX_FRAME",
+    "HELLO_ROLES",
+    "NEED_DATA",
+    "FrameDecoder",
+    "check_hello",
+    "encode",
+    "encode_many",
+    "BY_CODE",
+    "CODES",
+    "PROTOCOL_VERSION",
+    "SPECS",
+    "FieldSpec",
+    "Frame",
+    "Hello",
+    "Send",
+    "Subscribe",
+    "Unsubscribe",
+    "Ack",
+    "Nack",
+    "Deliver",
+    "Receipt",
+    "Ping",
+    "Pong",
+    "Error",
+    "Bye",
+    "Advisory",
+    "Forward",
+    "ForwardAck",
+    "StatRequest",
+    "StatReply",
+]

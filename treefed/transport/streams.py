@@ -1,0 +1,150 @@
+"""Byte streams for broker links and client connections (trio).
+
+Theory of operation
+-------------------
+The thin edge between treefed and the operating system's sockets:
+
+* ``open_tcp`` dials one ``Endpoint`` (TCP_NODELAY on: frames are small and latency
+  matters more than packet count, and writers already batch into one ``send_all``).
+* ``serve_tcp`` listens and runs ``handler(stream)`` per connection; the stream is always
+  closed afterwards, and a peer that vanishes or misbehaves ends only its own connection.
+* ``connect_with_retry`` walks a ``Failover``/``Static`` list pass by pass, sleeping the
+  ``Backoff`` delay before each pass, and gives up with ``RemoteError("unreachable")``.
+* ``memory_stream_pair`` (re-exported from trio.testing) links two in-process brokers
+  with no sockets at all; the memory scenario engine uses it.
+
+OSError is translated here, once: a failed dial is ``RemoteError(code="unreachable")``,
+a failed bind ``LocalError(code="listen_failed")``.  Errors of our own making
+(``LocalError``, e.g. an ``ssl://`` endpoint, not built yet) are never retried.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+from trio.testing import memory_stream_pair
+
+from treefed.errors import LocalError, RemoteError
+from treefed.transport.backoff import Backoff
+from treefed.transport.uri import Endpoint, Target
+
+if TYPE_CHECKING:
+    import random
+
+__all__ = ["open_tcp", "serve_tcp", "connect_with_retry", "memory_stream_pair",
+           "DEFAULT_CONNECT_TIMEOUT"]
+
+DEFAULT_CONNECT_TIMEOUT = 10.0
+
+Handler = Callable[[trio.abc.Stream], Awaitable[Any]]
+OnAttempt = Callable[[Endpoint, int, "RemoteError | None"], Any]
+
+
+async def open_tcp(endpoint: Endpoint, *,
+                   connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT) -> trio.abc.Stream:
+    """Connect to ``endpoint``. Raises RemoteError(code="unreachable") on failure or
+    timeout, LocalError(code="unsupported") for schemes not built yet."""
+    if endpoint.scheme != "tcp":
+        raise LocalError(f"{endpoint}: {endpoint.scheme}:// is not supported yet",
+                         code="unsupported")
+    try:
+        with trio.move_on_after(connect_timeout if connect_timeout is not None
+                                else float("inf")) as scope:
+            stream = await trio.open_tcp_stream(endpoint.host, endpoint.port)
+    except OSError as exc:
+        raise RemoteError(f"cannot connect to {endpoint}: {exc.strerror or exc}",
+                          code="unreachable") from exc
+    if scope.cancelled_caught:
+        raise RemoteError(f"cannot connect to {endpoint}: timed out after "
+                          f"{connect_timeout} s", code="unreachable")
+    stream.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, True)
+    return stream
+
+
+async def _run_handler(handler: Handler, stream: trio.abc.Stream) -> None:
+    try:
+        await handler(stream)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, RemoteError):
+        # The peer vanished or sent garbage: that ends this connection only. The handler
+        # logs what it wants to before letting these out; anything else is our bug and
+        # propagates to the nursery.
+        pass
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+async def serve_tcp(handler: Handler, host: str, port: int, *,
+                    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """Listen on ``host:port`` (port 0: any free port) and run ``handler(stream)`` for
+    every connection until cancelled. ``task_status.started`` gets the bound port."""
+    try:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:
+        raise LocalError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                         code="listen_failed") from exc
+    if port == 0 and len(listeners) > 1:
+        # Each address family would get its own random port; keep one so the port we
+        # report is the port that every listener uses.
+        for extra in listeners[1:]:
+            await extra.aclose()
+        listeners = listeners[:1]
+    bound = listeners[0].socket.getsockname()[1]
+    task_status.started(bound)
+    await trio.serve_listeners(functools.partial(_run_handler, handler), listeners)
+
+
+async def connect_with_retry(
+    target: Target,
+    backoff: Backoff,
+    rng: random.Random,
+    *,
+    on_attempt: OnAttempt | None = None,
+    connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+    open_stream: Callable[..., Awaitable[trio.abc.Stream]] = open_tcp,
+) -> tuple[trio.abc.Stream, Endpoint]:
+    """Connect to the first endpoint of ``target`` that answers.
+
+    Each pass tries every endpoint once (shuffled per pass when ``target.randomize``),
+    after sleeping ``backoff.next_delay(rng)``; when that returns None the link gives up
+    with RemoteError(code="unreachable") naming the last failure.  ``on_attempt(endpoint,
+    attempt, error)`` is called after every try (error None on success) so the caller can
+    log it.  On success ``backoff.connected(trio.current_time())`` is called; the caller
+    calls ``backoff.disconnected(trio.current_time())`` when the stream dies.
+
+    For a ``Static`` target the node normally runs one link per endpoint, as ActiveMQ does;
+    given the whole list, this walks it like a failover list.
+    """
+    endpoints = list(target.endpoints)
+    randomize = getattr(target, "randomize", False)
+    last_error: RemoteError | None = None
+    tries = 0
+    while True:
+        delay = backoff.next_delay(rng)
+        if delay is None:
+            raise RemoteError(f"{target}: unreachable after {tries} attempts"
+                              f"{f'; last error: {last_error}' if last_error else ''}",
+                              code="unreachable") from last_error
+        if delay > 0:
+            await trio.sleep(delay)
+        if randomize:
+            rng.shuffle(endpoints)
+        for endpoint in endpoints:
+            tries += 1
+            try:
+                stream = await open_stream(endpoint, connect_timeout=connect_timeout)
+            except RemoteError as exc:
+                last_error = exc
+                if on_attempt is not None:
+                    on_attempt(endpoint, tries, exc)
+                continue
+            if on_attempt is not None:
+                try:
+                    on_attempt(endpoint, tries, None)
+                except BaseException:
+                    await trio.aclose_forcefully(stream)
+                    raise
+            backoff.connected(trio.current_time())
+            return stream, endpoint

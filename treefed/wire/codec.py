@@ -1,0 +1,482 @@
+"""The wire codec: frames to bytes and bytes to validated frames (DESIGN §2).
+
+Theory of operation
+-------------------
+``encode`` turns a frame into ``[4-byte big-endian length][CBOR array [code, *fields]]``,
+fields in ``frames.SPECS`` order, trailing fields equal to their default left out.  The
+per-class field tuples are computed once at import so a frame costs one attribute fetch
+and one ``cbor2.dumps``.
+
+``FrameDecoder`` is an h11-style parser with no I/O: ``receive_data(bytes)`` buffers,
+``next_frame()`` returns a validated frame or ``NEED_DATA``.  Invariants:
+
+* A length prefix is checked against ``max_frame`` as soon as its 4 bytes are buffered,
+  before the body is waited for, so a hostile length never makes us hold a large body.
+* Every complete frame in the buffer is decoded in one pass with one ``CBORDecoder``
+  over one copy of the complete region (readers drain whole receive buffers).
+* The body must be exactly one CBOR item: no trailing bytes, no overrun into the next
+  frame.  Tags, ``undefined`` and simple values are refused: a semantic tag would make
+  cbor2 build arbitrary objects (datetimes, sets, big numbers) from peer input.
+* Every failure is a ``FrameError`` with a machine ``code`` (``bad_cbor``, ``oversized``,
+  ``not_array``, ``unknown_type``, ``missing_field``, ``bad_field``,
+  ``too_many_fields``) and a message naming the frame and field.  Foreign exceptions
+  from cbor2 are translated here and nowhere else.
+* After a malformed frame the decoder stays broken: frames that preceded it are still
+  returned, then every call raises the same error (the connection is closing anyway).
+
+The codec never checks destination syntax or selectors (core/ does) and never looks at
+the protocol version except through ``check_hello``, which the connection owner calls
+on the first frame.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from io import BytesIO
+from operator import attrgetter
+from typing import Any
+
+import cbor2
+
+from treefed.errors import FrameError, LocalError
+from treefed.wire.frames import BY_CODE, CODES, SPECS, Frame, Hello
+
+__all__ = [
+    "DEFAULT_MAX_FRAME",
+    "NEED_DATA",
+    "HELLO_ROLES",
+    "encode",
+    "encode_many",
+    "FrameDecoder",
+    "check_hello",
+]
+
+DEFAULT_MAX_FRAME = 4 * 1024 * 1024
+HELLO_ROLES = ("client", "broker")
+
+#: Nesting limit for decoded CBOR; frames need 3 levels, admin maps a few more.
+_MAX_DEPTH = 32
+
+_LEN = struct.Struct(">I")
+_pack_len = _LEN.pack
+_unpack_len = _LEN.unpack_from
+_dumps = cbor2.dumps
+
+
+class _Sentinel:
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __repr__(self) -> str:
+        return self._name
+
+
+#: Returned by ``FrameDecoder.next_frame`` when no complete frame is buffered.
+NEED_DATA: Any = _Sentinel("NEED_DATA")
+_REQUIRED = _Sentinel("REQUIRED")
+
+# --------------------------------------------------------------------------- encoding
+
+
+def _encoder_table() -> dict[type, tuple[int, Any, tuple[Any, ...], int]]:
+    table = {}
+    for cls, specs in SPECS.items():
+        names = [s.name for s in specs]
+        if len(names) == 1:
+            (name,) = names
+            getter = lambda frame, _n=name: (getattr(frame, _n),)  # noqa: E731
+        else:
+            getter = attrgetter(*names)
+        defaults = tuple(
+            _REQUIRED if s.required
+            else (s.default_factory() if s.default_factory is not None else s.default)
+            for s in specs
+        )
+        n_required = sum(1 for s in specs if s.required)
+        table[cls] = (CODES[cls], getter, defaults, n_required)
+    return table
+
+
+_ENCODERS = _encoder_table()
+
+
+def _body(frame: Frame) -> bytes:
+    try:
+        code, getter, defaults, n_required = _ENCODERS[type(frame)]
+    except KeyError:
+        raise LocalError(f"not a frame: {type(frame).__name__}", code="not_a_frame") from None
+    values = getter(frame)
+    n = len(values)
+    # Trailing defaults are dropped; the type check keeps 0 from standing in for False.
+    while n > n_required:
+        v = values[n - 1]
+        d = defaults[n - 1]
+        if v is d or (type(v) is type(d) and v == d):
+            n -= 1
+        else:
+            break
+    try:
+        return _dumps([code, *values[:n]])
+    except (cbor2.CBOREncodeError, TypeError, ValueError) as exc:
+        raise LocalError(
+            f"cannot encode {type(frame).__name__}: {exc}", code="unencodable"
+        ) from exc
+
+
+def encode(frame: Frame) -> bytes:
+    """One frame as length-prefixed CBOR. Raises LocalError for a non-frame or a value
+    cbor2 cannot encode (our own misuse, never the peer's)."""
+    body = _body(frame)
+    return _pack_len(len(body)) + body
+
+
+def encode_many(frames: Iterable[Frame]) -> bytes:
+    """Several frames as one bytes object, for a single ``send_all``."""
+    parts = []
+    append = parts.append
+    for frame in frames:
+        body = _body(frame)
+        append(_pack_len(len(body)))
+        append(body)
+    return b"".join(parts)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+class _Bad(Exception):
+    """Internal: a value does not fit its field kind; ``detail`` says how."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+
+
+_TYPE_NAMES = {
+    type(None): "null", bool: "bool", int: "int", float: "float", str: "str",
+    bytes: "bytes", list: "array", dict: "map",
+}
+
+
+def _tname(value: Any) -> str:
+    return _TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def _want(expected: str, value: Any) -> _Bad:
+    return _Bad(f"expected {expected}, got {_tname(value)}")
+
+
+def _check_str(v: Any) -> Any:
+    if type(v) is not str:
+        raise _want("str", v)
+    return v
+
+
+def _check_int(v: Any) -> Any:
+    if type(v) is not int:  # bool is an int subclass; a peer's true is not a number
+        raise _want("int", v)
+    return v
+
+
+def _check_bool(v: Any) -> Any:
+    if type(v) is not bool:
+        raise _want("bool", v)
+    return v
+
+
+def _check_bytes(v: Any) -> Any:
+    if type(v) is not bytes:
+        raise _want("bytes", v)
+    return v
+
+
+def _check_float(v: Any) -> Any:
+    t = type(v)
+    if t is float:
+        return v
+    if t is int:
+        return float(v)  # CBOR encoders may shorten 2.0 to 2
+    raise _want("float", v)
+
+
+def _check_num_opt(v: Any) -> Any:
+    return None if v is None else _check_float(v)
+
+
+def _check_str_opt(v: Any) -> Any:
+    if v is not None and type(v) is not str:
+        raise _want("str or null", v)
+    return v
+
+
+def _check_strlist(v: Any) -> Any:
+    if type(v) is not list:
+        raise _want("array of str", v)
+    for i, item in enumerate(v):
+        if type(item) is not str:
+            raise _Bad(f"item {i}: expected str, got {_tname(item)}")
+    return v
+
+
+_HEADER_TYPES = frozenset((str, int, float, bool, type(None)))
+
+
+def _check_headers(v: Any) -> Any:
+    if type(v) is not dict:
+        raise _want("map", v)
+    for key, item in v.items():
+        if type(key) is not str:
+            raise _Bad(f"key {key!r}: expected str, got {_tname(key)}")
+        if type(item) not in _HEADER_TYPES:
+            raise _Bad(f"[{key!r}]: expected str/int/float/bool/null, got {_tname(item)}")
+    return v
+
+
+_MAP_SCALARS = frozenset((str, int, float, bool, bytes, type(None)))
+
+
+def _check_map_value(v: Any, where: str) -> None:
+    t = type(v)
+    if t in _MAP_SCALARS:
+        return
+    if t is list:
+        for i, item in enumerate(v):
+            _check_map_value(item, f"{where}[{i}]")
+    elif t is dict:
+        for key, item in v.items():
+            if type(key) is not str:
+                raise _Bad(f"{where} key {key!r}: expected str, got {_tname(key)}")
+            _check_map_value(item, f"{where}[{key!r}]")
+    else:
+        raise _Bad(f"{where}: {_tname(v)} is not a plain CBOR value")
+
+
+def _check_map(v: Any) -> Any:
+    if type(v) is not dict:
+        raise _want("map", v)
+    _check_map_value(v, "")
+    return v
+
+
+_CHECKS = {
+    "str": _check_str, "int": _check_int, "bool": _check_bool, "bytes": _check_bytes,
+    "float": _check_float, "num?": _check_num_opt, "str?": _check_str_opt,
+    "strlist": _check_strlist, "headers": _check_headers, "map": _check_map,
+}
+
+#: Types that pass a kind's check as they are, so most fields cost one set lookup.
+_FAST_TYPES = {
+    "str": frozenset((str,)), "int": frozenset((int,)), "bool": frozenset((bool,)),
+    "bytes": frozenset((bytes,)), "float": frozenset((float,)),
+    "num?": frozenset((float, type(None))), "str?": frozenset((str, type(None))),
+    "strlist": frozenset(), "headers": frozenset(), "map": frozenset(),
+}
+
+#: code -> (class, class name, ((field name, fast types, check), ...), required count).
+_DECODERS: dict[int, tuple[type, str, tuple[tuple[str, frozenset, Any], ...], int]] = {
+    code: (
+        cls,
+        cls.__name__,
+        tuple((s.name, _FAST_TYPES[s.kind], _CHECKS[s.kind]) for s in SPECS[cls]),
+        sum(1 for s in SPECS[cls] if s.required),
+    )
+    for code, cls in BY_CODE.items()
+}
+
+
+def _build(item: Any) -> Frame:
+    """A decoded CBOR item -> a validated frame, or FrameError naming the problem."""
+    if type(item) is not list:
+        raise FrameError(f"frame must be a CBOR array, got {_tname(item)}", code="not_array")
+    if not item:
+        raise FrameError("frame array is empty: no type code", code="unknown_type")
+    code = item[0]
+    entry = _DECODERS.get(code) if type(code) is int else None
+    if entry is None:
+        raise FrameError(f"unknown frame type code {code!r}", code="unknown_type")
+    cls, name, fields, n_required = entry
+    values = item[1:]
+    n = len(values)
+    if n > len(fields):
+        raise FrameError(
+            f"{name} frame has {n} fields, at most {len(fields)} allowed",
+            code="too_many_fields",
+        )
+    if n < n_required:
+        raise FrameError(
+            f"{name} frame is missing required field '{fields[n][0]}'", code="missing_field"
+        )
+    for i, value in enumerate(values):
+        field_name, fast, check = fields[i]
+        if type(value) in fast:
+            continue
+        try:
+            values[i] = check(value)
+        except _Bad as bad:
+            sep = "" if bad.detail.startswith("[") else ": "
+            raise FrameError(f"{name}.{field_name}{sep}{bad.detail}", code="bad_field") from None
+    return cls(*values)
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _refuse_tag(*args: Any) -> Any:
+    raise ValueError("CBOR tags are not allowed in frames")
+
+
+class _RefuseAllTags(Mapping):
+    """semantic_decoders that answer every tag number with a refusal, so no built-in
+    decoder (datetime, bignum, set, shared value...) ever runs on peer input."""
+
+    def __getitem__(self, tag: int) -> Any:
+        return _refuse_tag
+
+    def __contains__(self, tag: object) -> bool:
+        return True
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+_DECODER_OPTIONS = dict(
+    tag_hook=_refuse_tag,
+    semantic_decoders=_RefuseAllTags(),
+    max_depth=_MAX_DEPTH,
+    allow_duplicate_keys=False,
+    strict_hashable_types=True,
+    str_errors="strict",
+)
+
+
+class FrameDecoder:
+    """Incremental frame parser: feed bytes, take validated frames."""
+
+    __slots__ = ("max_frame", "_buf", "_off", "_ready", "_error")
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        if type(max_frame) is not int or not 1 <= max_frame <= 0xFFFFFFFF:
+            raise LocalError(f"max_frame must be 1..2**32-1, got {max_frame!r}",
+                             code="bad_argument")
+        self.max_frame = max_frame
+        self._buf = bytearray()
+        self._off = 0                           # start of unparsed bytes in _buf
+        self._ready: deque[Frame] = deque()     # decoded, not yet handed out
+        self._error: FrameError | None = None   # set once; the decoder is then broken
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as frames."""
+        return len(self._buf) - self._off
+
+    def receive_data(self, data: bytes) -> None:
+        """Buffer bytes from the peer. Raises the decoder's FrameError once broken."""
+        if self._error is not None:
+            raise self._error
+        self._buf += data
+
+    def next_frame(self) -> Any:
+        """The next complete frame, or NEED_DATA. Raises FrameError on malformed input."""
+        ready = self._ready
+        if not ready:
+            self._parse()
+            if not ready:
+                if self._error is not None:
+                    raise self._error
+                return NEED_DATA
+        return ready.popleft()
+
+    def frames(self) -> Iterator[Frame]:
+        """Every complete frame currently buffered, in order (raises like next_frame)."""
+        ready = self._ready
+        while True:
+            if not ready:
+                self._parse()
+                if not ready:
+                    if self._error is not None:
+                        raise self._error
+                    return
+            yield ready.popleft()
+
+    def _fail(self, message: str, code: str) -> None:
+        if self._error is None:
+            self._error = FrameError(message, code=code)
+        self._buf = bytearray()  # doomed connection: free what it sent
+        self._off = 0
+
+    def _parse(self) -> None:
+        if self._error is not None:
+            return
+        buf = self._buf
+        start = pos = self._off
+        end = len(buf)
+        max_frame = self.max_frame
+        spans = []  # (body start, body length) of each complete frame
+        problem = None
+        while end - pos >= 4:
+            (n,) = _unpack_len(buf, pos)
+            if n == 0:
+                problem = ("zero-length frame", "bad_cbor")
+                break
+            if n > max_frame:
+                problem = (f"frame length {n} exceeds the maximum {max_frame}", "oversized")
+                break
+            if end - pos - 4 < n:
+                break
+            spans.append((pos + 4, n))
+            pos += 4 + n
+        if spans:
+            with memoryview(buf) as view:
+                region = view[start:pos]
+                stream = BytesIO(region)  # one copy for the whole batch
+                region.release()
+            decoder = cbor2.CBORDecoder(stream, **_DECODER_OPTIONS)
+            ready = self._ready
+            for body_start, n in spans:
+                offset = body_start - start
+                stream.seek(offset)
+                try:
+                    item = decoder.decode()
+                except Exception as exc:  # the one edge where cbor2's errors are translated
+                    self._fail(f"undecodable CBOR: {exc}", "bad_cbor")
+                    return
+                used = stream.tell() - offset
+                if used != n:
+                    self._fail(f"CBOR item is {used} bytes but the frame length is {n}",
+                               "bad_cbor")
+                    return
+                try:
+                    ready.append(_build(item))
+                except FrameError as exc:
+                    self._fail(exc.message, exc.code)
+                    return
+            self._off = pos
+        if problem is not None:
+            self._fail(*problem)
+        elif pos == end:
+            buf.clear()
+            self._off = 0
+        elif pos > 65536 and pos * 2 > end:
+            del buf[:pos]  # compact now and then, not per frame
+            self._off = 0
+
+
+def check_hello(frame: Frame, expected_version: int, roles: Iterable[str] = HELLO_ROLES) -> Hello:
+    """The first frame of a connection must be a Hello of our version and a known role."""
+    if type(frame) is not Hello:
+        raise FrameError(f"expected hello as the first frame, got {type(frame).__name__}",
+                         code="not_hello")
+    if frame.version != expected_version:
+        raise FrameError(
+            f"protocol version {frame.version} is not supported (this side speaks "
+            f"{expected_version})", code="bad_version")
+    if frame.role not in roles:
+        raise FrameError(f"role {frame.role!r} is not one of {', '.join(roles)}",
+                         code="bad_role")
+    return frame
