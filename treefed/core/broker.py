@@ -1,0 +1,1129 @@
+"""The pure broker: destinations, consumers, dispatch, acks, expiry, DLQ, limits.
+
+Theory of operation
+-------------------
+``Broker`` is a state object.  Every entry point takes ``now`` and returns the actions
+(core/actions.py) the shell must perform in order; nothing here awaits, sleeps or reads a
+clock.  A *connection* (``conn``) is any string; a *consumer* is ``(conn, sub_id)`` with a
+destination pattern.  Consumers added with ``peer=`` are network demand: what they get is
+sent as ``Forward`` frames and released by ``ForwardAck``; local consumers get ``Deliver``
+frames and release with ``Ack``.
+
+Destinations are created on first use and found through two indexes: consumers by
+pattern (``SubscriptionIndex.match`` when a destination is created) and destinations by
+name (``select`` when a wildcard consumer arrives).  Each destination keeps its own list
+of matching consumers, sorted by priority (highest first) and rotated within a level, so
+per-message dispatch never consults the index.
+
+Queues: a message goes to one consumer -- the first *eligible* one with credit in that
+list, i.e. the highest priority level that has credit, round-robin within the level.  No
+such consumer: the message waits in ``pending``.  Invariant: after every entry point no
+pending message could be dispatched, so a new message may be dispatched directly without
+overtaking; whatever returns credit (ack, forward-ack, nack, a new or removed consumer)
+drains pending again.  Eligibility per consumer: its selector matches; a network consumer
+is never given a message whose path holds its peer, nor one whose path is already
+``message_ttl`` long, nor a ``local_only`` destination's message; a fallback consumer
+only when no regular consumer is eligible (credit not considered).
+Topics: every eligible subscription gets the same Message object; network consumers of
+one conn share a single copy per dispatch; a subscriber without credit gets the message
+queued for it (up to prefetch x 10, oldest dropped).  Topic messages are never stored,
+even when persistent: treefed has no durable topic subscriptions.  Messages to temporary
+destinations are not stored either -- they die with the connection that owns them.
+
+Persistence: a persistent queue message yields StoreMessage when accepted and
+DeleteMessage when acked, dropped, expired or dead-lettered; the shell commits a batch's
+stores before its Outs, so a Receipt (an Out) means "stored".  Expiry: ``expires`` is
+absolute; expired messages are never delivered -- checked at dispatch, and a heap of
+pending messages' expiry times drives ``next_deadline`` / ``handle_timer``.
+
+Flow control ("block"): a Send to a full destination is parked, not accepted, and the
+connection is paused; its later sends queue behind it in order; when the destination has
+room they are admitted in order and the connection resumed.
+
+Refusals: whatever a peer sends that is wrong becomes ``Out(conn, Error(code, message,
+ref))`` to that conn only; TreefedError subclasses raised inside are turned into Error
+frames at the entry point.  Anything else escaping is a bug in this module.
+Never: imports trio/time/random, logs directly (Log actions only, message events only
+when ``log_messages``), or touches the store itself.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, replace
+from itertools import count
+from typing import Any, Callable, Iterable
+
+from treefed.core.actions import Action, DeleteMessage, Log, Out, Pause, Resume, StoreMessage
+from treefed.core.destinations import is_wildcard, parse_destination
+from treefed.core.index import SubscriptionIndex
+from treefed.core.message import Message
+from treefed.core.policy import PolicySet
+from treefed.errors import DestinationError, LimitError, RemoteError, TreefedError
+from treefed.wire.frames import (
+    Ack,
+    Deliver,
+    Error,
+    Forward,
+    ForwardAck,
+    Nack,
+    Ping,
+    Pong,
+    Receipt,
+    Send,
+    Subscribe,
+    Unsubscribe,
+)
+
+__all__ = ["Broker", "ConsumerInfo", "TOPIC_BACKLOG_FACTOR"]
+
+#: A topic subscriber without credit has at most prefetch x this many messages queued.
+TOPIC_BACKLOG_FACTOR = 10
+
+_INF = float("inf")
+
+
+def _size(m: Message) -> int:
+    # Same value as Message.size without a generator per message (hot path).
+    h = m.headers
+    return len(m.body) + 64 + 16 * len(h) + sum(map(len, h))
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerInfo:
+    """A read-only snapshot of one consumer (for federation and statistics)."""
+
+    conn: str
+    sub_id: str
+    dst: str                    # canonical pattern, wildcards allowed
+    selector: str | None
+    prefetch: int
+    priority: int
+    peer: str | None            # broker id when this is network demand
+    message_ttl: int
+    fallback: bool
+    local_only_ok: bool
+    inflight: int               # delivered / forwarded, not yet acked
+    queued: int                 # topic messages waiting for this subscriber's credit
+    delivered: int              # messages given to it so far
+
+
+class _Conn:
+    __slots__ = ("name", "consumers", "forwarded", "parked", "blocked_on", "temps")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.consumers: dict[str, _Consumer] = {}     # sub_id -> consumer
+        self.forwarded: dict[str, _Consumer] = {}     # msg id -> network consumer holding it,
+        #                                              so a ForwardAck (ids only) finds it
+        self.parked: deque | None = None              # Send/Forward frames waiting (paused)
+        self.blocked_on: _Dest | None = None          # the full destination we wait for
+        self.temps: list[str] = []                    # temp destinations this conn owns
+
+
+class _Consumer:
+    __slots__ = ("conn", "cs", "sub_id", "pattern", "selector", "prefetch", "priority", "peer",
+                 "message_ttl", "fallback", "local_only_ok", "topic", "inflight", "dests",
+                 "backlog", "gid", "seq", "delivered")
+
+    def __init__(self, cs: _Conn, sub_id: str, pattern: str, selector: Any, prefetch: int,
+                 priority: int, peer: str | None, message_ttl: int, fallback: bool,
+                 local_only_ok: bool, gid: str, seq: int) -> None:
+        self.conn = cs.name
+        self.cs = cs
+        self.sub_id = sub_id
+        self.pattern = pattern
+        self.selector = selector              # object with .matches(headers, message=), or None
+        self.prefetch = prefetch              # credit: most messages in flight at once
+        self.priority = priority
+        self.peer = peer                      # not None: network demand toward that broker
+        self.message_ttl = message_ttl        # network only: max path length offered, -1 = any
+        self.fallback = bool(fallback)        # route_unknown_up: last resort for queues
+        self.local_only_ok = local_only_ok    # network demand allowed to see local_only dsts
+        self.topic = pattern.startswith("topic://") or pattern.startswith("temp-topic://")
+        self.inflight: dict[str, Message] = {}   # msg id -> message, in delivery order
+        self.dests: dict[_Dest, None] = {}       # destinations it is attached to (ordered set)
+        self.backlog: deque | None = None        # topics: messages waiting for credit
+        self.gid = gid                           # "<broker>/<conn>/<sub_id>" for events
+        self.seq = seq                           # creation order: tie-break within a level
+        self.delivered = 0
+
+
+class _Dest:
+    __slots__ = ("name", "topic", "temp", "stored", "policy", "local_only", "limited",
+                 "consumers", "fallbacks", "pending", "inflight", "bytes", "enqueued",
+                 "dequeued", "expiring", "next_expiry", "blocked", "roomy", "owner", "alive")
+
+    def __init__(self, name: str, policy: Any) -> None:
+        self.name = name
+        self.topic = name.startswith("topic://") or name.startswith("temp-topic://")
+        self.temp = name.startswith("temp-")
+        self.stored = not self.topic and not self.temp   # persistent messages hit the store
+        self.policy = policy
+        self.local_only = policy.local_only
+        self.limited = policy.limited
+        self.consumers: list[_Consumer] = []   # priority desc; rotated within a level
+        self.fallbacks = 0                     # how many of them are fallback consumers
+        self.pending: deque[Message] = deque()  # queues: waiting for an eligible consumer
+        self.inflight = 0                      # given to consumers, not yet acked
+        self.bytes = 0                         # queues: size of pending + in-flight
+        self.enqueued = 0
+        self.dequeued = 0
+        self.expiring = 0                      # pending messages that carry an expiry
+        self.next_expiry = _INF                # <= earliest expiry among pending
+        self.blocked: list[_Conn] = []         # conns whose parked send waits for room here
+        self.roomy = False                     # already listed in Broker._room
+        self.owner: str | None = None          # temp destinations: owning conn
+        self.alive = True
+
+
+class Broker:
+    """One broker's destinations, consumers and dispatch, driven by ``(input, now)``."""
+
+    def __init__(self, broker_id: str, policies: PolicySet | None = None, *,
+                 max_redeliveries: int = 6, dlq: str = "queue://DLQ",
+                 log_messages: bool = True, dedup_window: int = 100_000) -> None:
+        self.broker_id = broker_id
+        self.policies = policies if policies is not None else PolicySet()
+        self.max_redeliveries = max_redeliveries
+        self.dlq = parse_destination(dlq)
+        self.log_messages = log_messages
+        self.dedup_window = dedup_window
+        self._conns: dict[str, _Conn] = {}
+        self._dests: dict[str, _Dest] = {}
+        self._subs = SubscriptionIndex()          # consumer patterns -> consumers
+        self._dest_index = SubscriptionIndex()    # live destination names -> _Dest
+        self._timers: list[tuple[float, int, _Dest]] = []   # heap of pending expiries
+        self._expiring = 0                        # pending messages with an expiry, all dests
+        self._seq = count()
+        self._waiting: dict[_Dest, None] = {}     # queues with pending messages (ordered set)
+        self._room: deque[_Dest] = deque()        # full destinations that gained room
+        self._seen: set[str] = set()              # forwarded ids accepted (dedup window)
+        self._seen_order: deque[str] = deque()
+        self._dropped: dict[str, int] = {}        # reason -> messages dropped
+        self._dead_lettered = 0
+        self._handlers: dict[type, Callable[[str, Any, float], list]] = {
+            Send: self.send,
+            Subscribe: self._on_subscribe,
+            Unsubscribe: self._on_unsubscribe,
+            Ack: self._on_ack,
+            Nack: self._on_nack,
+            Forward: self.accept_forward,
+            ForwardAck: self._on_forward_ack,
+            Ping: self._on_ping,
+        }
+
+    # ------------------------------------------------------------------ connections
+
+    def connect(self, conn: str, now: float) -> list[Action]:
+        self._conn(conn)
+        return []
+
+    def disconnect(self, conn: str, now: float) -> list[Action]:
+        """Drop ``conn``: its consumers go (in-flight requeued, redelivered + 1), its parked
+        sends are discarded unaccepted, its temporary destinations are deleted."""
+        cs = self._conns.pop(conn, None)
+        if cs is None:
+            return []
+        out: list[Action] = []
+        for c in list(cs.consumers.values()):
+            self._remove(c, now, out)
+        cs.parked = None
+        if cs.blocked_on is not None:
+            blocked = cs.blocked_on.blocked
+            if cs in blocked:
+                blocked.remove(cs)
+            cs.blocked_on = None
+        for name in cs.temps:
+            d = self._dests.get(name)
+            if d is not None and d.owner == conn:
+                self._delete_dest(d, now, out)
+        self._finish(now, out)
+        return out
+
+    def handle_frame(self, conn: str, frame: Any, now: float) -> list[Action]:
+        """A frame from ``conn``. Refusals come back as Error frames to ``conn`` only."""
+        handler = self._handlers.get(type(frame))
+        if handler is None:
+            return [Out(conn, Error("bad_frame",
+                                    f"{type(frame).__name__} frames are not accepted here"))]
+        try:
+            return handler(conn, frame, now)
+        except TreefedError as exc:
+            return [Out(conn, Error(exc.code, exc.message, _ref(frame)))]
+
+    # ------------------------------------------------------------------ consumers
+
+    def add_consumer(self, conn: str, sub_id: str, dst: str, now: float, *,
+                     selector: Any = None, prefetch: int = 1000, priority: int = 0,
+                     peer: str | None = None, message_ttl: int = -1, fallback: bool = False,
+                     local_only_ok: bool = False) -> list[Action]:
+        """Open a consumer; raises a TreefedError (nothing changed) when refused.
+
+        ``selector`` is selector text (compiled here) or an already compiled selector."""
+        cs = self._conn(conn)
+        if sub_id in cs.consumers:
+            raise RemoteError(f"subscription {sub_id!r} already exists on this connection",
+                              code="duplicate_subscription")
+        pattern = parse_destination(dst, allow_wildcards=True)
+        if not isinstance(prefetch, int) or prefetch < 1:
+            raise RemoteError(f"prefetch must be at least 1, not {prefetch!r}", code="bad_frame")
+        wildcard = is_wildcard(pattern)
+        temp = pattern.startswith("temp-")
+        if temp and peer is None:
+            if wildcard:
+                raise DestinationError(f"a temporary destination cannot be subscribed by "
+                                       f"wildcard: {pattern!r}")
+            existing = self._dests.get(pattern)
+            if existing is not None and existing.owner not in (None, conn):
+                raise RemoteError(f"{pattern} belongs to another connection", code="forbidden")
+        if isinstance(selector, str):
+            if selector.strip():
+                from treefed.core.selector import compile_selector  # lazy: lark grammar
+                selector = compile_selector(selector)
+            else:
+                selector = None
+        # Validation done: from here on nothing raises.
+        if wildcard:
+            dests = self._dest_index.select(pattern)
+        else:
+            d = self._dests.get(pattern) or self._new_dest(pattern)
+            if temp and peer is None and d.owner is None:
+                d.owner = conn
+                cs.temps.append(pattern)
+            dests = [d]
+        seq = next(self._seq)
+        c = _Consumer(cs, sub_id, pattern, selector, prefetch, priority, peer, message_ttl,
+                      fallback, local_only_ok, f"{self.broker_id}/{conn}/{sub_id}", seq)
+        cs.consumers[sub_id] = c
+        self._subs.insert(pattern, c)
+        out: list[Action] = []
+        if peer is None:
+            out.append(Log("consumer.added", {"consumer": c.gid, "dst": pattern}))
+        for d in dests:
+            self._attach(c, d)
+        if not c.topic:
+            for d in dests:
+                if d.pending:
+                    self._drain(d, now, out)
+        self._finish(now, out)
+        return out
+
+    def remove_consumer(self, conn: str, sub_id: str, now: float) -> list[Action]:
+        """Close a consumer: its in-flight messages are requeued (redelivered + 1)."""
+        cs = self._conns.get(conn)
+        c = cs.consumers.get(sub_id) if cs is not None else None
+        if c is None:
+            raise RemoteError(f"no subscription {sub_id!r} on this connection",
+                              code="no_such_subscription")
+        out: list[Action] = []
+        self._remove(c, now, out)
+        self._finish(now, out)
+        return out
+
+    def has_consumer(self, conn: str, sub_id: str) -> bool:
+        cs = self._conns.get(conn)
+        return cs is not None and sub_id in cs.consumers
+
+    def consumer(self, conn: str, sub_id: str) -> ConsumerInfo | None:
+        cs = self._conns.get(conn)
+        c = cs.consumers.get(sub_id) if cs is not None else None
+        return _info(c) if c is not None else None
+
+    def consumers_for(self, dst: str) -> list[ConsumerInfo]:
+        """Consumers a message to concrete ``dst`` would be considered for, in dispatch
+        order; for a wildcard ``dst``, the consumers subscribed with exactly that pattern."""
+        pattern = parse_destination(dst, allow_wildcards=True)
+        if is_wildcard(pattern):
+            found = [c for cs in self._conns.values() for c in cs.consumers.values()
+                     if c.pattern == pattern]
+            found.sort(key=lambda c: c.seq)
+        else:
+            d = self._dests.get(pattern)
+            if d is not None:
+                found = list(d.consumers)
+            else:
+                found = sorted(self._subs.match(pattern), key=lambda c: (-c.priority, c.seq))
+        return [_info(c) for c in found]
+
+    # ------------------------------------------------------------------ messages arriving
+
+    def send(self, conn: str, frame: Send, now: float) -> list[Action]:
+        """A producer's Send. Refusals are Error(ref=frame.id) frames, never exceptions."""
+        cs = self._conns.get(conn) or self._conn(conn)
+        if cs.parked is not None:
+            cs.parked.append(frame)   # keep the producer's order behind the blocked send
+            return []
+        out: list[Action] = []
+        try:
+            if not self._admit_send(cs, frame, now, out):
+                cs.parked = deque((frame,))
+                out.append(Pause(conn, cs.blocked_on.name))
+        except TreefedError as exc:
+            out.append(Out(conn, Error(exc.code, exc.message, frame.id)))
+        if self._room:
+            self._unblock(now, out)
+        return out
+
+    def accept_forward(self, conn: str, frame: Forward, now: float) -> list[Action]:
+        """A message forwarded by a peer broker on link ``conn``.
+
+        Duplicates (id seen within ``dedup_window``) are acked and dropped; a refused
+        forward is answered with Error(ref=id) *and* ForwardAck so the sender does not hold
+        it forever; an accepted one is stored first (if persistent), then acked."""
+        cs = self._conns.get(conn) or self._conn(conn)
+        if cs.parked is not None:
+            cs.parked.append(frame)
+            return []
+        out: list[Action] = []
+        try:
+            if not self._admit_forward(cs, frame, now, out):
+                cs.parked = deque((frame,))
+                out.append(Pause(conn, cs.blocked_on.name))
+        except TreefedError as exc:
+            self._refuse_forward(conn, frame, exc, out)
+        if self._room:
+            self._unblock(now, out)
+        return out
+
+    def restore(self, messages: Iterable[Message], now: float) -> list[Action]:
+        """Put stored messages back on their queues after a restart, in order, keeping
+        ``redelivered``; no StoreMessage is emitted for them.  Rows that cannot belong in
+        the store (topic or temporary destinations) are deleted."""
+        out: list[Action] = []
+        touched: dict[_Dest, None] = {}
+        for m in messages:
+            try:
+                name = parse_destination(m.dst)
+            except DestinationError:
+                out.append(DeleteMessage(m.id, m.dst))
+                continue
+            d = self._dests.get(name) or self._new_dest(name)
+            if not d.stored:
+                out.append(DeleteMessage(m.id, m.dst))
+                continue
+            d.bytes += _size(m)
+            self._push_pending(d, m)
+            self._remember(m.id)   # a peer re-forwarding it after our restart is a duplicate
+            touched[d] = None
+        for d in touched:
+            self._drain(d, now, out)
+        self._finish(now, out)
+        return out
+
+    # ------------------------------------------------------------------ timers
+
+    def next_deadline(self) -> float | None:
+        """When ``handle_timer`` next has work: the earliest pending expiry, or None."""
+        heap = self._timers
+        while heap:
+            when, _, d = heap[0]
+            # An entry is stale when its message left pending: then the destination's
+            # earliest pending expiry is later than the entry (or there is none).
+            if d.alive and d.expiring and when >= d.next_expiry:
+                return when
+            heapq.heappop(heap)
+        return None
+
+    def handle_timer(self, now: float) -> list[Action]:
+        """Expire pending messages whose time has come (DLQ or discard by policy)."""
+        heap = self._timers
+        due: dict[_Dest, None] = {}
+        while heap and heap[0][0] <= now:
+            _, _, d = heapq.heappop(heap)
+            if d.alive and d.expiring and d.next_expiry <= now:
+                due[d] = None
+        out: list[Action] = []
+        for d in due:
+            self._sweep(d, now, out)
+        self._finish(now, out)
+        return out
+
+    # ------------------------------------------------------------------ statistics
+
+    def statistics(self) -> dict:
+        """JSON-able snapshot: connections, destinations, consumers, drop counters."""
+        dests = {
+            name: {"depth": len(d.pending), "enqueued": d.enqueued, "dequeued": d.dequeued,
+                   "consumers": len(d.consumers), "inflight": d.inflight, "bytes": d.bytes}
+            for name, d in self._dests.items()
+        }
+        consumers = []
+        for cs in self._conns.values():
+            for c in cs.consumers.values():
+                consumers.append({
+                    "conn": c.conn, "sub": c.sub_id, "dst": c.pattern, "peer": c.peer,
+                    "priority": c.priority, "prefetch": c.prefetch, "fallback": c.fallback,
+                    "selector": getattr(c.selector, "text", None), "inflight": len(c.inflight),
+                    "queued": len(c.backlog) if c.backlog else 0, "delivered": c.delivered,
+                })
+        return {
+            "broker": self.broker_id,
+            "connections": len(self._conns),
+            "destinations": dests,
+            "consumers": consumers,
+            "dropped": dict(self._dropped),
+            "dead_lettered": self._dead_lettered,
+            "parked": sum(len(cs.parked) for cs in self._conns.values() if cs.parked),
+            "index": self._subs.statistics(),
+        }
+
+    # ================================================================== internals
+
+    def _conn(self, conn: str) -> _Conn:
+        cs = self._conns.get(conn)
+        if cs is None:
+            cs = self._conns[conn] = _Conn(conn)
+        return cs
+
+    def _new_dest(self, name: str) -> _Dest:
+        d = _Dest(name, self.policies.for_destination(name))
+        found = self._subs.match(name)
+        if found:
+            d.consumers = sorted(found, key=lambda c: (-c.priority, c.seq))
+            for c in d.consumers:
+                c.dests[d] = None
+                if c.fallback:
+                    d.fallbacks += 1
+        self._dests[name] = d
+        self._dest_index.insert(name, d)
+        return d
+
+    def _delete_dest(self, d: _Dest, now: float, out: list) -> None:
+        """Delete a temporary destination: pending discarded, attached consumers detached
+        (whatever they hold of it is forgotten: its acks will find nothing)."""
+        d.alive = False
+        del self._dests[d.name]
+        self._dest_index.remove(d.name, d)
+        self._waiting.pop(d, None)
+        while d.pending:
+            self._discard(d, d.pending.popleft(), "deleted", out)
+        consumers, d.consumers = d.consumers, []
+        for c in consumers:
+            c.dests.pop(d, None)
+            gone = [i for i, m in c.inflight.items() if m.dst == d.name]
+            for msg_id in gone:
+                del c.inflight[msg_id]
+                c.cs.forwarded.pop(msg_id, None)
+            if gone:
+                self._credit_returned(c, now, out)
+        self._expiring -= d.expiring
+        d.expiring = 0
+        if d.blocked:
+            self._note_room(d)   # parked sends for it are re-run and refused
+
+    def _attach(self, c: _Consumer, d: _Dest) -> None:
+        cons = d.consumers
+        i = len(cons)
+        while i and cons[i - 1].priority < c.priority:
+            i -= 1
+        cons.insert(i, c)   # at the end of its priority level
+        c.dests[d] = None
+        if c.fallback:
+            d.fallbacks += 1
+
+    def _remove(self, c: _Consumer, now: float, out: list) -> None:
+        cs = c.cs
+        del cs.consumers[c.sub_id]
+        self._subs.remove(c.pattern, c)
+        requeue: dict[_Dest, list[Message]] = {}
+        for m in c.inflight.values():
+            if c.peer is not None:
+                cs.forwarded.pop(m.id, None)
+            d = self._dests.get(m.dst)
+            if d is None:
+                continue
+            d.inflight -= 1
+            if not d.topic:
+                m.redelivered += 1
+                requeue.setdefault(d, []).append(m)
+        c.inflight.clear()
+        c.backlog = None
+        dests = list(c.dests)
+        c.dests.clear()
+        for d in dests:
+            d.consumers.remove(c)
+            if c.fallback:
+                d.fallbacks -= 1
+        for d, msgs in requeue.items():
+            self._requeue_front(d, msgs)
+        # Requeued messages, and messages that only a fallback consumer may now take.
+        for d in dict.fromkeys([*dests, *requeue]):
+            if d.pending:
+                self._drain(d, now, out)
+        for d in dests:
+            if d.temp and d.owner is None and not d.consumers and d.alive:
+                self._delete_dest(d, now, out)   # remote-owned temp: its last demand went
+        if c.peer is None:
+            out.append(Log("consumer.removed", {"consumer": c.gid, "dst": c.pattern}))
+
+    # ------------------------------------------------------------------ admission
+
+    def _admit_send(self, cs: _Conn, f: Send, now: float, out: list) -> bool:
+        """Accept a Send (True) or register it as blocked (False); raises to refuse."""
+        d = self._lookup_for_send(f.dst)
+        if not 0 <= f.priority <= 9:
+            raise RemoteError(f"priority must be 0..9, not {f.priority}", code="bad_frame")
+        ttl = f.ttl
+        m = Message(f.id, d.name, f.headers, f.body, f.persistent, f.priority, now,
+                    now + ttl / 1000 if ttl > 0 else 0.0, f.reply_to)
+        size = _size(m)
+        if d.limited and not self._check_limits(cs, d, size, out):
+            return False
+        d.enqueued += 1
+        if not d.topic:
+            d.bytes += size
+            if m.persistent and d.stored:
+                out.append(StoreMessage(m))
+        if f.receipt:
+            out.append(Out(cs.name, Receipt(f.id)))
+        if self.log_messages:
+            out.append(Log("message.produced", {"msg": m.id, "dst": d.name}))
+        if d.topic:
+            self._fanout(d, m, now, out)
+        else:
+            self._dispatch_new(d, m, now, out)
+        return True
+
+    def _admit_forward(self, cs: _Conn, f: Forward, now: float, out: list) -> bool:
+        if f.id in self._seen or self.broker_id in f.path:
+            # Seen before, or it already left this broker: a loop. Ack so the sender
+            # releases its copy, and drop it.
+            out.append(Out(cs.name, ForwardAck([f.id])))
+            self._count_drop("duplicate" if f.id in self._seen else "loop", f.id, f.dst, out)
+            return True
+        d = self._lookup_for_send(f.dst)
+        m = Message(f.id, d.name, f.headers, f.body, f.persistent, f.priority,
+                    f.timestamp or now, f.expires, f.reply_to, tuple(f.path), f.redelivered)
+        size = _size(m)
+        if d.limited and not self._check_limits(cs, d, size, out):
+            return False
+        self._remember(f.id)
+        d.enqueued += 1
+        if not d.topic:
+            d.bytes += size
+            if m.persistent and d.stored:
+                out.append(StoreMessage(m))
+        out.append(Out(cs.name, ForwardAck([f.id])))   # after the store: see actions.py
+        if d.topic:
+            self._fanout(d, m, now, out)
+        else:
+            self._dispatch_new(d, m, now, out)
+        return True
+
+    def _refuse_forward(self, conn: str, f: Forward, exc: TreefedError, out: list) -> None:
+        out.append(Out(conn, Error(exc.code, exc.message, f.id)))
+        out.append(Out(conn, ForwardAck([f.id])))
+        self._count_drop(exc.code, f.id, f.dst, out)
+
+    def _lookup_for_send(self, dst: str) -> _Dest:
+        name = parse_destination(dst)
+        d = self._dests.get(name)
+        if d is None:
+            if name.startswith("temp-") and not self._subs.match(name):
+                raise RemoteError(f"{name} does not exist (its owner is gone)",
+                                  code="no_such_destination")
+            d = self._new_dest(name)
+        elif d.temp and d.owner is None and not d.consumers:
+            raise RemoteError(f"{name} does not exist (its owner is gone)",
+                              code="no_such_destination")
+        return d
+
+    def _check_limits(self, cs: _Conn, d: _Dest, size: int, out: list) -> bool:
+        """True: admit. False: blocked (registered on ``d``). Raises LimitError to refuse."""
+        p = d.policy
+        if p.max_message_bytes and size > p.max_message_bytes:
+            raise LimitError(f"message of {size} bytes exceeds max_message_bytes "
+                             f"{p.max_message_bytes} of {d.name}")
+        if d.topic or not (p.max_messages or p.max_bytes):
+            return True   # held-message limits apply to queues; topics hold nothing
+        if not self._full(d, size):
+            return True
+        behaviour = p.limit_behaviour
+        if behaviour == "reject_newest":
+            raise LimitError(f"{d.name} is full ({len(d.pending) + d.inflight} messages, "
+                             f"{d.bytes} bytes)")
+        if behaviour == "drop_oldest":
+            # Only pending messages can be dropped; if everything held is in flight the
+            # new message is admitted over the limit rather than refused.
+            while d.pending and self._full(d, size):
+                m = d.pending.popleft()
+                if m.expires:
+                    self._left_pending(d)
+                self._discard(d, m, "limit", out)
+            if not d.pending:
+                self._waiting.pop(d, None)
+            return True
+        cs.blocked_on = d
+        d.blocked.append(cs)
+        return False
+
+    @staticmethod
+    def _full(d: _Dest, size: int) -> bool:
+        held = len(d.pending) + d.inflight
+        if not held:
+            return False   # an empty destination always takes one message (no deadlock)
+        p = d.policy
+        return bool((p.max_messages and held >= p.max_messages)
+                    or (p.max_bytes and d.bytes + size > p.max_bytes))
+
+    def _remember(self, msg_id: str) -> None:
+        if self.dedup_window <= 0 or msg_id in self._seen:
+            return
+        self._seen.add(msg_id)
+        self._seen_order.append(msg_id)
+        if len(self._seen_order) > self.dedup_window:
+            self._seen.discard(self._seen_order.popleft())
+
+    # ------------------------------------------------------------------ flow control
+
+    def _note_room(self, d: _Dest) -> None:
+        if not d.roomy:
+            d.roomy = True
+            self._room.append(d)
+
+    def _finish(self, now: float, out: list) -> None:
+        if self._room:
+            self._unblock(now, out)
+
+    def _unblock(self, now: float, out: list) -> None:
+        """Re-run parked sends of conns blocked on destinations that gained room."""
+        room = self._room
+        while room:
+            d = room.popleft()
+            d.roomy = False
+            if d.alive and self._full(d, 0):
+                continue
+            blocked, d.blocked = d.blocked, []
+            for cs in blocked:
+                if cs.blocked_on is d:
+                    cs.blocked_on = None
+                    self._run_parked(cs, now, out)
+
+    def _run_parked(self, cs: _Conn, now: float, out: list) -> None:
+        parked = cs.parked
+        while parked:
+            f = parked[0]
+            try:
+                if type(f) is Send:
+                    admitted = self._admit_send(cs, f, now, out)
+                else:
+                    admitted = self._admit_forward(cs, f, now, out)
+            except TreefedError as exc:
+                if type(f) is Send:
+                    out.append(Out(cs.name, Error(exc.code, exc.message, f.id)))
+                else:
+                    self._refuse_forward(cs.name, f, exc, out)
+                admitted = True
+            if not admitted:
+                return   # blocked again (maybe on another destination): stay paused
+            parked.popleft()
+        cs.parked = None
+        out.append(Resume(cs.name))
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _eligible(self, c: _Consumer, m: Message, d: _Dest) -> bool:
+        if c.peer is not None:
+            if d.local_only and not c.local_only_ok:
+                return False
+            path = m.path
+            if c.peer in path:
+                return False   # never back to a broker the message has left
+            if c.message_ttl >= 0 and len(path) >= c.message_ttl:
+                return False
+            if m.id in c.cs.forwarded:
+                return False   # one copy per link: a ForwardAck names ids only
+        elif m.id in c.inflight:
+            return False       # an Ack names the id: two in flight would be ambiguous
+        sel = c.selector
+        return sel is None or sel.matches(m.headers, message=m)
+
+    def _pick(self, d: _Dest, m: Message) -> int:
+        """Index in d.consumers of the queue consumer to give ``m`` to, or -1."""
+        cons = d.consumers
+        regular = False
+        for i, c in enumerate(cons):
+            if c.fallback or not self._eligible(c, m, d):
+                continue
+            if len(c.inflight) < c.prefetch:
+                return i   # sorted by priority: the first with credit is the top level
+            regular = True
+        if regular or not d.fallbacks:
+            return -1
+        for i, c in enumerate(cons):
+            if c.fallback and len(c.inflight) < c.prefetch and self._eligible(c, m, d):
+                return i
+        return -1
+
+    def _take(self, d: _Dest, i: int) -> _Consumer:
+        """Consumer ``i`` gets the next message: move it to the end of its level."""
+        cons = d.consumers
+        c = cons[i]
+        j = i + 1
+        n = len(cons)
+        p = c.priority
+        while j < n and cons[j].priority == p:
+            j += 1
+        if j - 1 > i:
+            del cons[i]
+            cons.insert(j - 1, c)
+        return c
+
+    def _dispatch_new(self, d: _Dest, m: Message, now: float, out: list) -> None:
+        if m.expires and now >= m.expires:
+            self._expire(d, m, now, out)
+            return
+        i = self._pick(d, m) if d.consumers else -1
+        if i < 0:
+            self._push_pending(d, m)
+        else:
+            self._give(self._take(d, i), d, m, out)
+
+    def _drain(self, d: _Dest, now: float, out: list, only: _Consumer | None = None) -> None:
+        """Dispatch what pending messages can be, in order, until credit runs out.
+
+        ``only``: just this consumer gained credit, so stop when it has none left."""
+        pending = d.pending
+        if not pending or not d.consumers:
+            return
+        free = 0
+        if only is None:
+            for c in d.consumers:
+                if len(c.inflight) < c.prefetch:
+                    free += c.prefetch - len(c.inflight)
+            if not free:
+                return
+        kept: list[Message] | None = None
+        n = len(pending)
+        while n:
+            n -= 1
+            m = pending.popleft()
+            if m.expires and now >= m.expires:
+                self._left_pending(d)
+                self._expire(d, m, now, out)
+                continue
+            i = self._pick(d, m)
+            if i < 0:
+                if kept is None:
+                    kept = []
+                kept.append(m)
+                continue
+            if m.expires:
+                self._left_pending(d)
+            self._give(self._take(d, i), d, m, out)
+            if only is not None:
+                if len(only.inflight) >= only.prefetch:
+                    break
+            else:
+                free -= 1
+                if not free:
+                    break
+        if kept:
+            pending.extendleft(reversed(kept))
+        if not pending:
+            self._waiting.pop(d, None)
+
+    def _fanout(self, d: _Dest, m: Message, now: float, out: list) -> None:
+        """Topic: a copy to every eligible subscription, one per network conn."""
+        if m.expires and now >= m.expires:
+            self._count_drop("expired", m.id, d.name, out)
+            return
+        links: set[str] | None = None
+        for fallback_pass in (False, True):
+            for c in d.consumers:
+                if c.fallback is not fallback_pass or not self._eligible(c, m, d):
+                    continue
+                if c.peer is not None:
+                    if links is None:
+                        links = {c.conn}
+                    elif c.conn in links:
+                        continue
+                    else:
+                        links.add(c.conn)
+                if c.backlog or len(c.inflight) >= c.prefetch:
+                    self._queue_for(c, m, out)
+                else:
+                    self._give(c, d, m, out)
+            if not d.fallbacks:
+                break
+
+    def _queue_for(self, c: _Consumer, m: Message, out: list) -> None:
+        backlog = c.backlog
+        if backlog is None:
+            backlog = c.backlog = deque()
+        elif len(backlog) >= c.prefetch * TOPIC_BACKLOG_FACTOR:
+            old = backlog.popleft()
+            self._count_drop("overflow", old.id, old.dst, out)
+        backlog.append(m)
+
+    def _give(self, c: _Consumer, d: _Dest, m: Message, out: list) -> None:
+        c.inflight[m.id] = m
+        c.delivered += 1
+        d.inflight += 1
+        if c.peer is None:
+            out.append(Out(c.conn, Deliver(c.sub_id, m.id, m.dst, m.headers, m.body,
+                                           m.persistent, m.priority, m.redelivered,
+                                           m.reply_to, m.timestamp, m.expires)))
+            if self.log_messages:
+                out.append(Log("message.delivered",
+                               {"msg": m.id, "dst": m.dst, "consumer": c.gid}))
+        else:
+            c.cs.forwarded[m.id] = c
+            path = [*m.path, self.broker_id]
+            out.append(Out(c.conn, Forward(m.dst, m.id, path, m.headers, m.body, m.persistent,
+                                           m.priority, m.expires, m.reply_to, m.timestamp,
+                                           m.redelivered)))
+            if self.log_messages:
+                out.append(Log("message.forwarded", {"msg": m.id, "dst": m.dst, "link": c.conn,
+                                                     "peer": c.peer, "hops": len(path)}))
+
+    def _credit_returned(self, c: _Consumer, now: float, out: list) -> None:
+        if c.topic:
+            backlog = c.backlog
+            while backlog and len(c.inflight) < c.prefetch:
+                m = backlog.popleft()
+                d = self._dests.get(m.dst)
+                if d is None or not d.alive:
+                    continue
+                if m.expires and now >= m.expires:
+                    self._count_drop("expired", m.id, m.dst, out)
+                    continue
+                self._give(c, d, m, out)
+            if not backlog:
+                c.backlog = None
+            return
+        # A wildcard consumer may span many queues: walk whichever set is smaller.
+        if len(c.dests) <= len(self._waiting):
+            candidates = [d for d in c.dests if d.pending]
+        else:
+            candidates = [d for d in self._waiting if d in c.dests]
+        for d in candidates:
+            if len(c.inflight) >= c.prefetch:
+                break
+            self._drain(d, now, out, only=c)
+
+    # ------------------------------------------------------------------ acks
+
+    def _settle(self, m: Message, out: list) -> None:
+        """A consumer finished with ``m``: it leaves its destination for good."""
+        d = self._dests.get(m.dst)
+        if d is None:
+            return
+        d.inflight -= 1
+        d.dequeued += 1
+        if not d.topic:
+            d.bytes -= _size(m)
+            if m.persistent and d.stored:
+                out.append(DeleteMessage(m.id, d.name))
+            if d.blocked:
+                self._note_room(d)
+
+    def _on_ack(self, conn: str, f: Ack, now: float) -> list[Action]:
+        c = self._consumer_or_raise(conn, f.sub)
+        m = c.inflight.pop(f.msg, None)
+        if m is None:
+            raise RemoteError(f"message {f.msg!r} is not in flight on {f.sub!r}",
+                              code="no_such_message")
+        if c.peer is not None:
+            c.cs.forwarded.pop(m.id, None)
+        out: list[Action] = []
+        self._settle(m, out)
+        self._credit_returned(c, now, out)
+        self._finish(now, out)
+        return out
+
+    def _on_forward_ack(self, conn: str, f: ForwardAck, now: float) -> list[Action]:
+        cs = self._conns.get(conn)
+        if cs is None:
+            return []
+        out: list[Action] = []
+        freed: dict[_Consumer, None] = {}
+        for msg_id in f.ids:
+            c = cs.forwarded.pop(msg_id, None)
+            if c is None:
+                continue   # already released (requeued after a link drop): harmless
+            m = c.inflight.pop(msg_id, None)
+            if m is not None:
+                self._settle(m, out)
+                freed[c] = None
+        for c in freed:
+            if cs.consumers.get(c.sub_id) is c:
+                self._credit_returned(c, now, out)
+        self._finish(now, out)
+        return out
+
+    def _on_nack(self, conn: str, f: Nack, now: float) -> list[Action]:
+        c = self._consumer_or_raise(conn, f.sub)
+        m = c.inflight.pop(f.msg, None)
+        if m is None:
+            raise RemoteError(f"message {f.msg!r} is not in flight on {f.sub!r}",
+                              code="no_such_message")
+        if c.peer is not None:
+            c.cs.forwarded.pop(m.id, None)
+        out: list[Action] = []
+        d = self._dests.get(m.dst)
+        if d is not None:
+            d.inflight -= 1
+            exhausted = m.redelivered >= self.max_redeliveries
+            if d.topic:
+                # Topic copies are shared between subscribers: redeliver a private copy.
+                if exhausted:
+                    self._count_drop("max_redeliveries", m.id, d.name, out)
+                    self._dead_letter(m, "max_redeliveries", now, out)
+                else:
+                    if c.backlog is None:
+                        c.backlog = deque()
+                    c.backlog.appendleft(replace(m, redelivered=m.redelivered + 1))
+            elif exhausted:
+                self._discard(d, m, "max_redeliveries", out, dlq=d.name != self.dlq, now=now)
+            else:
+                m.redelivered += 1
+                self._requeue_front(d, [m])
+                self._drain(d, now, out)
+        self._credit_returned(c, now, out)
+        self._finish(now, out)
+        return out
+
+    def _consumer_or_raise(self, conn: str, sub_id: str) -> _Consumer:
+        cs = self._conns.get(conn)
+        c = cs.consumers.get(sub_id) if cs is not None else None
+        if c is None:
+            raise RemoteError(f"no subscription {sub_id!r} on this connection",
+                              code="no_such_subscription")
+        return c
+
+    # ------------------------------------------------------------------ pending, expiry, DLQ
+
+    def _push_pending(self, d: _Dest, m: Message) -> None:
+        if not d.pending:
+            self._waiting[d] = None
+        d.pending.append(m)
+        if m.expires:
+            self._track_expiry(d, m)
+
+    def _requeue_front(self, d: _Dest, msgs: list[Message]) -> None:
+        if not d.pending:
+            self._waiting[d] = None
+        d.pending.extendleft(reversed(msgs))
+        for m in msgs:
+            if m.expires:
+                self._track_expiry(d, m)
+
+    def _track_expiry(self, d: _Dest, m: Message) -> None:
+        d.expiring += 1
+        self._expiring += 1
+        if m.expires < d.next_expiry:
+            d.next_expiry = m.expires
+        heap = self._timers
+        heapq.heappush(heap, (m.expires, next(self._seq), d))
+        if len(heap) > 2 * self._expiring + 4096:
+            self._compact_timers()
+
+    def _compact_timers(self) -> None:
+        # Entries of messages that left pending stay until they surface; with long ttls
+        # and busy queues they would pile up, so rebuild from what is really pending.
+        seq = self._seq
+        heap = [(m.expires, next(seq), d) for d in self._waiting for m in d.pending
+                if m.expires]
+        heapq.heapify(heap)
+        self._timers = heap
+
+    def _left_pending(self, d: _Dest) -> None:
+        """An expiring message left ``pending`` (not needed for ones without expiry)."""
+        d.expiring -= 1
+        self._expiring -= 1
+        if not d.expiring:
+            d.next_expiry = _INF
+
+    def _sweep(self, d: _Dest, now: float, out: list) -> None:
+        keep: deque[Message] = deque()
+        expired: list[Message] = []
+        nxt = _INF
+        for m in d.pending:
+            e = m.expires
+            if e and now >= e:
+                expired.append(m)
+            else:
+                keep.append(m)
+                if e and e < nxt:
+                    nxt = e
+        d.pending = keep
+        d.expiring -= len(expired)
+        self._expiring -= len(expired)
+        d.next_expiry = nxt
+        if not keep:
+            self._waiting.pop(d, None)
+        for m in expired:
+            self._expire(d, m, now, out)
+
+    def _expire(self, d: _Dest, m: Message, now: float, out: list) -> None:
+        to_dlq = d.policy.on_expiry == "dlq" and d.stored and d.name != self.dlq
+        self._discard(d, m, "expired", out, dlq=to_dlq, now=now)
+
+    def _discard(self, d: _Dest, m: Message, reason: str, out: list, *, dlq: bool = False,
+                 now: float = 0.0) -> None:
+        """``m`` (already out of pending / in-flight) leaves queue ``d`` unconsumed."""
+        d.bytes -= _size(m)
+        if m.persistent and d.stored:
+            out.append(DeleteMessage(m.id, d.name))
+        self._count_drop(reason, m.id, d.name, out)
+        if dlq:
+            self._dead_letter(m, reason, now, out)
+        if d.blocked:
+            self._note_room(d)
+
+    def _dead_letter(self, m: Message, reason: str, now: float, out: list) -> None:
+        """A copy of ``m`` goes to the DLQ, headers telling why and where it was headed.
+        The DLQ admits regardless of limits: dead letters must not block or vanish."""
+        headers = dict(m.headers)
+        headers["dlq_reason"] = reason
+        headers["original_dst"] = m.dst
+        dm = Message(m.id, self.dlq, headers, m.body, m.persistent, m.priority, m.timestamp,
+                     0.0, m.reply_to, m.path, m.redelivered)
+        dd = self._dests.get(self.dlq) or self._new_dest(self.dlq)
+        dd.enqueued += 1
+        dd.bytes += _size(dm)
+        if dm.persistent and dd.stored:
+            out.append(StoreMessage(dm))
+        self._dead_lettered += 1
+        self._dispatch_new(dd, dm, now, out)
+
+    def _count_drop(self, reason: str, msg_id: str, dst: str, out: list) -> None:
+        self._dropped[reason] = self._dropped.get(reason, 0) + 1
+        if self.log_messages:
+            out.append(Log("message.dropped", {"msg": msg_id, "dst": dst, "reason": reason}))
+
+    # ------------------------------------------------------------------ small handlers
+
+    def _on_subscribe(self, conn: str, f: Subscribe, now: float) -> list[Action]:
+        if not f.id:
+            raise RemoteError("subscription id must not be empty", code="bad_frame")
+        out = self.add_consumer(conn, f.id, f.dst, now, selector=f.selector,
+                                prefetch=f.prefetch, priority=f.priority)
+        out.insert(0, Out(conn, Receipt(f.id)))   # before any Deliver for it
+        return out
+
+    def _on_unsubscribe(self, conn: str, f: Unsubscribe, now: float) -> list[Action]:
+        out = self.remove_consumer(conn, f.id, now)
+        out.insert(0, Out(conn, Receipt(f.id)))
+        return out
+
+    def _on_ping(self, conn: str, f: Ping, now: float) -> list[Action]:
+        return [Out(conn, Pong(f.token))]
+
+
+def _ref(frame: Any) -> str | None:
+    """The request id an Error refers to: the frame's id, or the message id of an ack."""
+    ref = getattr(frame, "id", None)
+    if ref is None:
+        ref = getattr(frame, "msg", None)
+    return ref
+
+
+def _info(c: _Consumer) -> ConsumerInfo:
+    return ConsumerInfo(c.conn, c.sub_id, c.pattern, getattr(c.selector, "text", None),
+                        c.prefetch, c.priority, c.peer, c.message_ttl, c.fallback,
+                        c.local_only_ok, len(c.inflight), len(c.backlog) if c.backlog else 0,
+                        c.delivered)
