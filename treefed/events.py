@@ -46,6 +46,9 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # a link refused after the hello exchange (tree validation, bad options)
     "link.refused": ("link", "peer", "connector", "role", "reason"),
     "broker.info": ("role", "node_type", "parent"),
+    # a frame refused by permissions or tree scope (security/guard.py); once per
+    # (connection, permission, destination)
+    "security.denied": ("conn", "user", "permission", "dst", "reason"),
     "run.started": ("scenario", "mode", "params", "brokers", "links", "engine"),
     "run.finished": ("scenario", "mode", "params", "brokers", "links", "engine"),
 }
@@ -79,12 +82,16 @@ FIELD_TYPES: dict[str, str] = {
     "brokers": "long",
     "links": "long",
     "engine": "string",
+    "conn": "string",
+    "user": "string",
+    "permission": "string",
 }
 
 ALL_FIELDS: tuple[str, ...] = tuple(FIELD_TYPES)
 
 #: Why an advisory was refused (``advisory.dropped.reason``).
-DROP_REASONS = ("ttl", "loop", "filter", "tree_rule", "duplicate", "limit", "malformed")
+DROP_REASONS = ("ttl", "loop", "filter", "tree_rule", "duplicate", "limit", "malformed",
+                "forbidden")
 
 #: Broker roles in ``broker.info.role`` / ``link.*.role``: position in the estate.
 ROLES = ("root", "branch", "leaf", "mesh")

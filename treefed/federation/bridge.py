@@ -1,0 +1,355 @@
+"""The Bridge: one broker link's state machine, shared by both connector kinds.
+
+Theory of operation
+-------------------
+A Bridge holds what one link taught us and what we told it:
+
+* ``remote`` — every interest instance learned over the link, keyed by
+  ``(consumer id, path)`` where ``path`` already ends with the peer (the same consumer
+  can reach us over several routes; each route is a distinct instance).
+* ``conduits`` — demand consumers shared by several instances of one destination.
+  A demand is a network consumer on the core Broker (``peer=`` set), so the core
+  forwards matching messages over this link; its selector and priority are refreshed
+  only when the set of member selectors or the best member priority changes.
+* static consumers (statically included destinations, demand-less) and the tree's
+  fallback consumers for ``route_unknown_up``.
+
+Direction (DESIGN §4.1): a link ``forwards`` messages from the dialing side to the
+accepting side, so the dialing side ``accepts`` advisories and creates demand while the
+accepting side ``advertises``; duplex and tree links do both.  A static bridge forwards
+its static includes and exchanges no advisories at all.
+
+The Bridge never decides policy: ``self.policy`` (mesh or tree) answers whether an
+advisory is accepted or sent and what its demand looks like, and the Site decides where
+interest fans out.  Every refusal becomes one ``advisory.dropped`` Log (when logging is
+on) and one count in ``Site.dropped``.  A malformed advisory is refused alone: the link
+stays up.  Nothing here does I/O; results are appended to the caller's ``out`` list.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from treefed.core.actions import Log, Out
+from treefed.core.destinations import parse_destination
+from treefed.core.selector import compile_selector
+from treefed.errors import DestinationError, SelectorError, TreefedError
+from treefed.federation.settings import LinkSettings
+from treefed.wire.frames import Advisory
+
+if TYPE_CHECKING:  # pragma: no cover
+    from treefed.federation.site import Site
+
+__all__ = ["Bridge", "Interest", "Demand", "MAX_PATH", "malformed"]
+
+#: Longer advisory paths are refused as malformed: no sane estate is that deep.
+MAX_PATH = 64
+_MAX_ID = 1024
+
+
+def malformed(adv: Advisory) -> bool:
+    """Cheap structural check of a received advisory (the codec checks types, but the
+    replay engine hands frames over directly)."""
+    path = adv.path
+    if type(path) is not list or len(path) > MAX_PATH:
+        return True
+    for broker in path:
+        if type(broker) is not str or not broker or len(broker) > _MAX_ID:
+            return True
+    origin, consumer = adv.origin, adv.consumer
+    if type(origin) is not str or not origin or len(origin) > _MAX_ID:
+        return True
+    if type(consumer) is not str or not consumer or len(consumer) > _MAX_ID:
+        return True
+    if type(adv.priority) is not int or adv.kind not in ("add", "remove"):
+        return True
+    try:  # both memoised in core; a non-canonical spelling is as bad as an invalid one
+        if adv.selector is not None:
+            compile_selector(adv.selector)  # a conduit drops it, the next hop may not
+        return parse_destination(adv.dst, allow_wildcards=True) != adv.dst
+    except (DestinationError, SelectorError):
+        return True
+
+
+class Interest:
+    """One consumer's interest as known at this broker: a local consumer (``source`` is
+    None, ``path`` empty) or an instance learned over a link."""
+
+    __slots__ = (
+        "key",             # (consumer, path): identity within the whole Site
+        "consumer",        # global consumer id "<origin>/<conn>/<sub>"
+        "dst", "origin", "selector",
+        "priority",        # the consumer's own priority, passed along unchanged
+        "path",            # brokers passed, origin first, the sender last (excl. us)
+        "source",          # Bridge it came over, None when local
+        "demand_priority", # priority of the demand it creates (policy)
+        "conduit",         # shares its link's per-destination demand (policy)
+        "demand",          # the Demand it belongs to while active
+        "sent_to",         # bridges we advertised it on: a removal retraces exactly these
+        "active",          # False while suppressed as a duplicate
+        "seq",             # arrival order: the tie-break of duplicate suppression
+        "_frame",          # the add frame, built once and shared by every link
+    )
+
+    def __init__(self, consumer: str, dst: str, origin: str, selector: str | None,
+                 priority: int, path: tuple[str, ...], source: "Bridge | None",
+                 seq: int) -> None:
+        self.key = (consumer, path)
+        self.consumer = consumer
+        self.dst = dst
+        self.origin = origin
+        self.selector = selector
+        self.priority = priority
+        self.path = path
+        self.source = source
+        self.demand_priority = 0
+        self.conduit = False
+        self.demand: Demand | None = None
+        self.sent_to: list[Bridge] = []
+        self.active = False
+        self.seq = seq
+        self._frame: Advisory | None = None
+
+    def frame(self, kind: str) -> Advisory:
+        if kind == "add":
+            if self._frame is None:
+                self._frame = Advisory("add", self.consumer, self.dst, self.origin,
+                                       self.selector, self.priority, list(self.path))
+            return self._frame
+        return Advisory("remove", self.consumer, self.dst, self.origin, self.selector,
+                        self.priority, list(self.path))
+
+
+class Demand:
+    """A network consumer on the core Broker standing for one or more interests."""
+
+    __slots__ = ("sub", "dst", "conduit", "static", "members", "selectors", "priorities",
+                 "selector", "priority")
+
+    def __init__(self, sub: str, dst: str, *, conduit: bool, static: bool = False) -> None:
+        self.sub = sub
+        self.dst = dst
+        self.conduit = conduit
+        self.static = static              # statically included: lives as long as the link
+        self.members: dict[Interest, None] = {}   # ordered set
+        # conduits only (a single-member demand copies its member): reference counts
+        # so the merged selector / best priority change only when a count hits 0 or 1
+        self.selectors: dict[str | None, int] | None = {} if conduit else None
+        self.priorities: dict[int, int] | None = {} if conduit else None
+        self.selector: str | None = None
+        self.priority = 0
+
+    def add(self, it: Interest) -> None:
+        self.members[it] = None
+        if self.conduit:
+            self.selectors[it.selector] = self.selectors.get(it.selector, 0) + 1
+            self.priorities[it.demand_priority] = \
+                self.priorities.get(it.demand_priority, 0) + 1
+
+    def discard(self, it: Interest) -> None:
+        del self.members[it]
+        if not self.conduit:
+            return
+        for table, value in ((self.selectors, it.selector),
+                             (self.priorities, it.demand_priority)):
+            left = table[value] - 1
+            if left:
+                table[value] = left
+            else:
+                del table[value]
+
+
+class Bridge:
+    """State of one broker link (see the module docstring)."""
+
+    __slots__ = ("site", "conn", "peer", "settings", "policy", "lane", "name", "duplex",
+                 "forwards", "accepts", "advertises", "up", "remote", "conduits", "owned",
+                 "peer_role", "_subs")
+
+    def __init__(self, site: "Site", conn: str, peer: str, settings: LinkSettings,
+                 policy: Any, *, lane: str, forwards: bool, accepts: bool,
+                 advertises: bool, peer_role: str) -> None:
+        self.site = site
+        self.conn = conn
+        self.peer = peer
+        self.settings = settings
+        self.policy = policy
+        self.lane = lane                  # "mesh" | "parent" | "child": ROUTES key
+        self.name = settings.name
+        self.duplex = settings.duplex
+        self.forwards = forwards          # messages flow to the peer (static includes)
+        self.accepts = accepts            # we take its advisories and hold demand for it
+        self.advertises = advertises      # we send it our interest
+        self.up = True
+        self.remote: dict[tuple, Interest] = {}
+        self.conduits: dict[str, Demand] = {}
+        self.owned: set[str] = set()      # tree child: brokers claimed for its subtree
+        self.peer_role = peer_role
+        self._subs = 0                    # demand sub ids issued on this conn
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start(self, out: list, now: float) -> None:
+        """Static and fallback consumers: forwarding that needs no advisory."""
+        broker, s = self.site.broker, self.settings
+        if self.forwards:
+            for dst in s.statically_included:
+                sub = "s:" + dst
+                out += broker.add_consumer(self.conn, sub, dst, now, prefetch=s.prefetch,
+                                           peer=self.peer,
+                                           message_ttl=self.policy.message_ttl)
+                if s.conduit_subscriptions:  # dynamic demand for it joins this consumer
+                    self.conduits[dst] = Demand(sub, dst, conduit=True, static=True)
+        if self.lane == "parent" and self.site.route_unknown_up:
+            for dst in ("queue://>", "topic://>"):
+                sub = "f:" + dst
+                out += broker.add_consumer(self.conn, sub, dst, now, prefetch=s.prefetch,
+                                           peer=self.peer, fallback=True)
+
+    # -- receiving -----------------------------------------------------------------
+    def receive(self, adv: Advisory, out: list, now: float) -> None:
+        site = self.site
+        site.counters["advisories_received"] += 1
+        if site.log:
+            out.append(self._log("advisory.received", adv, hops=len(adv.path) + 1))
+        if malformed(adv) or not self.accepts:
+            # a one-way link's accepting side takes no interest: the peer broke the rules
+            self.drop(adv, "malformed", out)
+            return
+        key = (adv.consumer, (*adv.path, self.peer))
+        if adv.kind == "remove":
+            it = self.remote.pop(key, None)
+            if it is not None:  # unknown: its add was refused (and logged) already
+                site.forget(it, out, now)
+            return
+        if key in self.remote:
+            return  # a repeated add (replay racing a live update): idempotent
+        reason = self.policy.accept(self, adv)
+        if reason is None and len(self.remote) >= self.settings.max_demand_per_link:
+            reason = "limit"
+        if reason is not None:
+            self.drop(adv, reason, out)
+            return
+        it = Interest(adv.consumer, adv.dst, adv.origin, adv.selector, adv.priority,
+                      key[1], self, site.next_seq())
+        hops = len(it.path)
+        it.demand_priority = self.policy.demand_priority(hops)
+        it.conduit = self.policy.conduit(it.dst, hops)
+        self.remote[key] = it
+        site.admit(it, out, now)
+
+    def drop(self, adv: Advisory | Interest, reason: str, out: list) -> None:
+        site = self.site
+        site.dropped[reason] += 1
+        if site.log:
+            out.append(self._log("advisory.dropped", adv, reason=reason))
+
+    # -- sending -------------------------------------------------------------------
+    def offer(self, it: Interest, out: list) -> None:
+        """Advertise ``it`` here unless the policy refuses (a reason is logged)."""
+        reason = self.policy.offer(self, it)
+        if reason is not None:
+            if reason:
+                self.drop(it, reason, out)
+            return
+        out.append(Out(self.conn, it.frame("add")))
+        it.sent_to.append(self)
+        site = self.site
+        site.counters["advisories_sent"] += 1
+        if site.log:
+            out.append(self._log("advisory.sent", it, hops=len(it.path) + 1))
+
+    def retract(self, it: Interest, out: list) -> None:
+        out.append(Out(self.conn, it.frame("remove")))
+        site = self.site
+        site.counters["removals_sent"] += 1
+        if site.log:
+            out.append(self._log("advisory.sent", it, hops=len(it.path) + 1, kind="remove"))
+
+    # -- demand --------------------------------------------------------------------
+    def join_demand(self, it: Interest, out: list, now: float) -> bool:
+        """Make ``it`` part of a demand consumer; False when the core refuses it."""
+        d = self.conduits.get(it.dst) if it.conduit else None
+        if d is not None:
+            d.add(it)
+            it.demand = d
+            if not d.static and not self._refresh(d, out, now):
+                d.discard(it)
+                it.demand = None
+                return False
+            return True
+        self._subs += 1
+        d = Demand(f"d:{self._subs}", it.dst, conduit=it.conduit)
+        d.add(it)
+        d.selector = self.policy.conduit_selector(d.selectors) if it.conduit else it.selector
+        d.priority = it.demand_priority
+        try:
+            out += self._install(d, now)
+        except TreefedError:
+            return False
+        if it.conduit:
+            self.conduits[it.dst] = d
+        it.demand = d
+        self.site.counters["demand_created"] += 1
+        if self.site.log:
+            out.append(self._log_demand("demand.created", it, d))
+        return True
+
+    def leave_demand(self, it: Interest, out: list, now: float, *, gone: bool = False) -> None:
+        """Take ``it`` out of its demand; ``gone``: the core already dropped the conn."""
+        d = it.demand
+        if d is None:
+            return
+        it.demand = None
+        d.discard(it)
+        if d.members or d.static:
+            if not gone and not d.static:
+                self._refresh(d, out, now)
+            return
+        if d.conduit:
+            del self.conduits[d.dst]
+        if not gone:
+            out += self.site.broker.remove_consumer(self.conn, d.sub, now)
+        self.site.counters["demand_removed"] += 1
+        if self.site.log:
+            out.append(self._log_demand("demand.removed", it, d))
+
+    def demand_count(self) -> int:
+        seen = {id(it.demand) for it in self.remote.values() if it.demand is not None}
+        return len(seen)
+
+    def _install(self, d: Demand, now: float) -> list:
+        s = self.settings
+        return self.site.broker.add_consumer(
+            self.conn, d.sub, d.dst, now, selector=d.selector, prefetch=s.prefetch,
+            priority=d.priority, peer=self.peer, message_ttl=self.policy.message_ttl)
+
+    def _refresh(self, d: Demand, out: list, now: float) -> bool:
+        """Conduits: re-create the core consumer when the merged selector or the best
+        member priority changed (members come and go far more often than that)."""
+        shape = self.policy.conduit_selector(d.selectors), max(d.priorities)
+        if shape == (d.selector, d.priority):
+            return True
+        old = d.selector, d.priority
+        d.selector, d.priority = shape
+        broker = self.site.broker
+        out += broker.remove_consumer(self.conn, d.sub, now)
+        try:
+            out += self._install(d, now)
+        except TreefedError:
+            d.selector, d.priority = old
+            out += self._install(d, now)
+            return False
+        return True
+
+    # -- logging (only called when Site.log is on) ---------------------------------
+    def _log(self, event: str, adv: Any, **extra: Any) -> Log:
+        fields = {"link": self.name, "peer": self.peer, "consumer": adv.consumer,
+                  "dst": adv.dst, "origin": adv.origin,
+                  "kind": adv.kind if isinstance(adv, Advisory) else "add"}
+        fields.update(extra)
+        return Log(event, fields)
+
+    def _log_demand(self, event: str, it: Interest, d: Demand) -> Log:
+        return Log(event, {"link": self.name, "peer": self.peer, "consumer": it.consumer,
+                           "dst": d.dst, "origin": it.origin, "priority": d.priority,
+                           "conduit": d.conduit})

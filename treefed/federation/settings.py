@@ -1,0 +1,134 @@
+"""Connector settings and the destination filters they carry.
+
+Theory of operation
+-------------------
+``LinkSettings`` is one connector's configuration (DESIGN §4.1 names and defaults, plus
+the tree connector's ``node_type`` / ``route_unknown_up``).  It is frozen and validated
+once, at construction: bad values raise ``ConfigError`` naming the field, so nothing on
+the per-advisory path ever re-checks it.  ``network_ttl`` sets ``consumer_ttl`` and
+``message_ttl`` unless those are given explicitly.
+
+The dialing side owns a link's rules: it sends ``to_options()`` in ``Hello.options`` and
+the accepting side rebuilds the same settings with ``from_options()``, so both ends of a
+duplex or one-way link apply identical TTLs, filters and conduit rules.
+
+``TreeSettings`` is a site's own position in the tree; it is not a per-link thing.
+
+Destinations are canonicalised by ``core.destinations`` (a bare name is a queue);
+filters (``dynamically_included``, ``excluded``) may use its wildcards, static includes
+may not.  Nothing here does I/O or keeps state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from treefed.core.destinations import parse_destination
+from treefed.errors import ConfigError, DestinationError
+
+__all__ = ["LinkSettings", "TreeSettings", "KINDS", "NODE_TYPES"]
+
+KINDS = ("mesh", "tree")
+NODE_TYPES = ("leaf", "branch", "root")
+
+
+def _destinations(key: str, value: Any, *, wildcards: bool) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ConfigError(key, "must be a list of destination names")
+    out = []
+    for name in value:
+        try:
+            out.append(parse_destination(name, allow_wildcards=wildcards))
+        except DestinationError as exc:
+            raise ConfigError(key, exc.message) from None
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSettings:
+    """One connector's options (DESIGN §4.1; tree fields §4.2)."""
+
+    kind: str = "mesh"                              # "mesh" | "tree"
+    name: str = "link"                              # unique per broker pair
+    duplex: bool = False                            # one connection carries both directions
+    network_ttl: int = 1                            # default for the two TTLs below
+    consumer_ttl: int | None = None                 # advisory hops; -1 unlimited
+    message_ttl: int | None = None                  # message hops; -1 unlimited
+    conduit_subscriptions: bool = True
+    dynamically_included: tuple[str, ...] = ()
+    excluded: tuple[str, ...] = ()
+    statically_included: tuple[str, ...] = ()
+    decrease_network_consumer_priority: bool = False
+    suppress_duplicate_queue_subscriptions: bool = False
+    suppress_duplicate_topic_subscriptions: bool = True
+    bridge_temp_destinations: bool = True
+    prefetch: int = 1000
+    static_bridge: bool = False                     # only static includes, no advisories
+    max_demand_per_link: int = 100_000              # remote interest entries held per link
+    node_type: str | None = None                    # tree: "leaf" | "branch" (dialing side)
+    route_unknown_up: bool = True                   # tree: unknown-interest messages climb
+
+    def __post_init__(self) -> None:
+        put = object.__setattr__
+        if self.kind not in KINDS:
+            raise ConfigError("kind", f"must be one of {KINDS}, not {self.kind!r}")
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError("name", "must be a non-empty string")
+        for key in ("network_ttl", "consumer_ttl", "message_ttl"):
+            value = getattr(self, key)
+            if value is None and key != "network_ttl":
+                continue
+            if type(value) is not int or value < -1:
+                raise ConfigError(key, "must be an integer >= -1 (-1 = unlimited)")
+        if self.consumer_ttl is None:
+            put(self, "consumer_ttl", self.network_ttl)
+        if self.message_ttl is None:
+            put(self, "message_ttl", self.network_ttl)
+        for key in ("prefetch", "max_demand_per_link"):
+            value = getattr(self, key)
+            if type(value) is not int or value < 1:
+                raise ConfigError(key, "must be a positive integer")
+        put(self, "dynamically_included",
+            _destinations("dynamically_included", self.dynamically_included, wildcards=True))
+        put(self, "excluded", _destinations("excluded", self.excluded, wildcards=True))
+        put(self, "statically_included",
+            _destinations("statically_included", self.statically_included, wildcards=False))
+        if self.node_type is not None and self.node_type not in ("leaf", "branch"):
+            raise ConfigError("node_type", "a tree connector declares 'leaf' or 'branch'")
+
+    def to_options(self) -> dict[str, Any]:
+        """Plain CBOR-able dict for ``Hello.options`` (tuples become lists)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], **overrides: Any) -> "LinkSettings":
+        """Rebuild settings sent by the dialing side; unknown keys are ignored (a newer
+        peer may know more options).  Raises ConfigError on bad values."""
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in options.items() if k in known}
+        for key in ("dynamically_included", "excluded", "statically_included"):
+            if isinstance(kwargs.get(key), list):
+                kwargs[key] = tuple(kwargs[key])
+        kwargs.update(overrides)
+        try:
+            return cls(**kwargs)
+        except TypeError as exc:  # a mistyped option the dataclass itself rejects
+            raise ConfigError("options", str(exc)) from None
+
+
+@dataclass(frozen=True, slots=True)
+class TreeSettings:
+    """A site's own place in the tree. A site without TreeSettings that accepts tree
+    children is the root."""
+
+    node_type: str = "leaf"                         # "leaf" | "branch" | "root"
+    route_unknown_up: bool = True                   # add fallback demand on the parent link
+
+    def __post_init__(self) -> None:
+        if self.node_type not in NODE_TYPES:
+            raise ConfigError("node_type", f"must be one of {NODE_TYPES}, not {self.node_type!r}")

@@ -1,0 +1,427 @@
+"""Site: one broker plus its links — the federation's single entry point per broker.
+
+Theory of operation
+-------------------
+A Site wraps a pure ``core.Broker`` and owns one ``Bridge`` per broker link.  It keeps
+the broker's *interest*: every local consumer (path ``()``, origin = this broker) and
+every instance accepted over a link, in ``_active`` (activation order, which is also the
+replay order when a link comes up).  For each active interest it
+
+1. holds demand on the link it came over (``Bridge.join_demand``), and
+2. offers it to the links chosen by ``ROUTES`` of the two policies — mesh: every other
+   mesh link; tree: up for local and child interest, down for local and parent
+   interest — each link's policy may still refuse (logged) or skip (silent).
+
+A removal retraces exactly the links the add went to (``Interest.sent_to``); losing a
+link forgets everything learned over it and cascades the removals.
+
+Duplicate suppression: when the receiving link's policy suppresses the destination's
+kind, only one instance per consumer id is active — the highest demand priority, ties
+to the earlier arrival; the others are remembered and the best one is activated if the
+kept one goes away, so routes fail over deterministically.
+
+Events (``events.py`` names): ``advisory.sent`` (per frame; ``hops`` = the length the
+receiver will see, ``len(path) + 1``), ``advisory.received``, ``advisory.dropped``,
+``demand.created`` / ``demand.removed``, ``link.up`` / ``link.down`` (``role`` = the
+peer's position: root | branch | leaf | mesh) and ``link.refused``.  With
+``log_advisories=False`` none of the per-advisory events is built; ``counters`` still
+counts them.  Nothing here does I/O or reads a clock: ``now`` is an argument and every
+method returns (or extends) a list of actions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Sequence
+
+from treefed.core.actions import Close, Log, Out
+from treefed.errors import LocalError, TreefedError
+from treefed.events import DROP_REASONS
+from treefed.federation.bridge import Bridge, Interest
+from treefed.federation.mesh import MeshPolicy
+from treefed.core.destinations import parse_destination
+from treefed.federation.settings import LinkSettings, TreeSettings
+from treefed.federation.tree import TreePolicy
+from treefed.wire.frames import PROTOCOL_VERSION, Advisory, Error, Hello, Subscribe, \
+    Unsubscribe
+
+__all__ = ["Site", "POLICIES", "check_tree_hello"]
+
+#: connector kind -> policy class (chosen by name from config).
+POLICIES = {"mesh": MeshPolicy, "tree": TreePolicy}
+
+#: where interest came from -> lanes it is offered to, both policies merged.
+_ROUTES = {src: MeshPolicy.ROUTES[src] + TreePolicy.ROUTES[src]
+           for src in ("local", "mesh", "parent", "child")}
+
+
+def check_tree_hello(site_settings: TreeSettings | None, hello: Hello, *, me: str,
+                     dialed: bool, ancestry: Sequence[str] = (),
+                     accept_children: bool = True) -> str | None:
+    """Why a tree link with the sender of ``hello`` must be refused, or None.
+
+    ``dialed``: we opened the link, so the peer is our parent; otherwise it offers
+    itself as our child.  ``ancestry``: our own [parent, grandparent, ...].  A site with
+    no TreeSettings is the root."""
+    if hello.role != "broker" or not hello.broker_id:
+        return "peer is not a broker"
+    if hello.connector != "tree":
+        return f"{hello.broker_id} is a {hello.connector or 'plain'} peer on a tree link"
+    ours = site_settings.node_type if site_settings is not None else "root"
+    if hello.broker_id == me:
+        return "cycle: a broker cannot link to itself"
+    if dialed:
+        if ours == "root":
+            return "a root has no parent"
+        if hello.node_type not in ("branch", "root"):
+            return f"parent {hello.broker_id} is a {hello.node_type}, not a branch or root"
+        if me in hello.ancestry:
+            return f"cycle: {me} is an ancestor of {hello.broker_id}"
+        return None
+    if not accept_children:
+        return "this site does not accept tree children"
+    if ours == "leaf":
+        return "a leaf accepts no children"
+    if hello.node_type == "root":
+        return f"second root: {hello.broker_id} declares itself root"
+    if hello.node_type not in ("leaf", "branch"):
+        return f"child node_type must be leaf or branch, not {hello.node_type!r}"
+    if hello.broker_id in ancestry:
+        return f"cycle: {hello.broker_id} is an ancestor of {me}"
+    return None
+
+
+class Site:
+    """A broker and its federation links (see the module docstring)."""
+
+    __slots__ = ("broker_id", "broker", "tree", "accept_tree_children", "log", "counters",
+                 "dropped", "route_unknown_up", "ancestry_set", "_ancestry", "_bridges",
+                 "_lanes", "_active", "_rivals", "_locals", "_owner", "_seq")
+
+    def __init__(self, broker_id: str, *, broker: Any, tree: TreeSettings | None = None,
+                 accept_tree_children: bool = True, log_advisories: bool = True) -> None:
+        self.broker_id = broker_id
+        self.broker = broker
+        self.tree = tree
+        self.accept_tree_children = accept_tree_children
+        self.log = log_advisories
+        self.route_unknown_up = tree.route_unknown_up if tree is not None else False
+        self.counters = {"advisories_sent": 0, "advisories_received": 0,
+                         "removals_sent": 0, "demand_created": 0, "demand_removed": 0,
+                         "peer_errors": 0}
+        self.dropped = dict.fromkeys(DROP_REASONS, 0)
+        self._ancestry: list[str] = []              # [parent, grandparent, ...]
+        self.ancestry_set: frozenset[str] = frozenset()
+        self._bridges: dict[str, Bridge] = {}       # conn -> bridge
+        self._lanes: dict[str, list[Bridge]] = {"mesh": [], "parent": [], "child": []}
+        self._active: dict[tuple, Interest] = {}    # key -> interest holding demand
+        self._rivals: dict[str, list[Interest]] = {}  # consumer -> suppressed instances
+        self._locals: dict[str, dict[str, Interest]] = {}  # client conn -> sub -> interest
+        self._owner: dict[str, Bridge] = {}         # broker id -> child link (tree)
+        self._seq = 0
+
+    # -- identity ------------------------------------------------------------------
+    @property
+    def node_type(self) -> str:
+        if self.tree is not None:
+            return self.tree.node_type
+        return "root" if self.accept_tree_children else "mesh"
+
+    def ancestry(self) -> list[str]:
+        """[parent id, grandparent id, ...] as learned from the parent's Hello."""
+        return list(self._ancestry)
+
+    def hello(self, settings: LinkSettings | None = None, *,
+              reply_to: Hello | None = None) -> Hello:
+        """Our Hello for a broker link: with ``settings`` when we dial (sent as options),
+        with ``reply_to`` when answering a dialer (its connector and link echoed)."""
+        if settings is None:
+            kind = reply_to.connector if reply_to is not None else None
+            return Hello(PROTOCOL_VERSION, "broker", broker_id=self.broker_id,
+                         name=self.broker_id, connector=kind,
+                         node_type=self.node_type if kind == "tree" else "mesh",
+                         ancestry=self.ancestry(),
+                         link_name=reply_to.link_name if reply_to is not None else None,
+                         duplex=reply_to.duplex if reply_to is not None else False)
+        return Hello(PROTOCOL_VERSION, "broker", broker_id=self.broker_id,
+                     name=self.broker_id, connector=settings.kind,
+                     node_type=self.node_type if settings.kind == "tree" else "mesh",
+                     ancestry=self.ancestry(), link_name=settings.name,
+                     duplex=settings.duplex, options=settings.to_options())
+
+    def check_tree_hello(self, hello: Hello, *, dialed: bool) -> str | None:
+        return check_tree_hello(self.tree, hello, me=self.broker_id, dialed=dialed,
+                                ancestry=self._ancestry,
+                                accept_children=self.accept_tree_children)
+
+    # -- clients -------------------------------------------------------------------
+    def client_connected(self, conn: str, now: float) -> list:
+        return self.broker.connect(conn, now)
+
+    def client_closed(self, conn: str, now: float) -> list:
+        out = self.broker.disconnect(conn, now)
+        for it in (self._locals.pop(conn, None) or {}).values():
+            self.forget(it, out, now)
+        return out
+
+    # -- frames --------------------------------------------------------------------
+    def handle_frame(self, conn: str, frame: Any, now: float) -> list:
+        bridge = self._bridges.get(conn)
+        if bridge is not None:
+            if type(frame) is Advisory:
+                out: list = []
+                bridge.receive(frame, out, now)
+                return out
+            if type(frame) is Error:  # the peer refused something of ours
+                self.counters["peer_errors"] += 1
+                # fatal (no ref): the peer is closing; a refusal: nothing to answer, and
+                # the core must not see it (it would reply with an error of its own)
+                return [Close(conn)] if frame.ref is None else []
+            return self.broker.handle_frame(conn, frame, now)
+        kind = type(frame)
+        if kind is Subscribe:
+            return self._subscribe(conn, frame, now)
+        if kind is Unsubscribe:
+            return self._unsubscribe(conn, frame, now)
+        return self.broker.handle_frame(conn, frame, now)
+
+    def _subscribe(self, conn: str, frame: Subscribe, now: float) -> list:
+        broker = self.broker
+        existed = broker.has_consumer(conn, frame.id)
+        out = broker.handle_frame(conn, frame, now)
+        if existed or not broker.has_consumer(conn, frame.id):
+            return out  # refused by the core (its Error is in ``out``)
+        dst = parse_destination(frame.dst, allow_wildcards=True)
+        if broker.policies.for_destination(dst).local_only:
+            return out  # never leaves this broker, so nobody else needs to know
+        it = Interest(f"{self.broker_id}/{conn}/{frame.id}", dst, self.broker_id,
+                      frame.selector, frame.priority, (), None, self.next_seq())
+        self._locals.setdefault(conn, {})[frame.id] = it
+        self._activate(it, out, now)
+        return out
+
+    def _unsubscribe(self, conn: str, frame: Unsubscribe, now: float) -> list:
+        out = self.broker.handle_frame(conn, frame, now)
+        subs = self._locals.get(conn)
+        it = subs.pop(frame.id, None) if subs else None
+        if it is not None:
+            self.forget(it, out, now)
+        return out
+
+    # -- links ---------------------------------------------------------------------
+    def link_up(self, conn: str, local: LinkSettings, remote_hello: Hello, now: float, *,
+                dialed: bool) -> list:
+        """Bring a broker link up after the hello exchange.  The dialing side's settings
+        rule the link: the accepting side rebuilds them from ``remote_hello.options``.
+        A refused link returns ``[Out(conn, Error(...)), Close(conn), Log(link.refused)]``."""
+        if conn in self._bridges:
+            raise LocalError(f"link {conn} is already up")
+        peer = remote_hello.broker_id or "?"
+        settings = local
+        if not dialed:
+            if local.kind == "tree" and remote_hello.connector != "tree":
+                return self._refuse(conn, local, peer, "mesh peer on a tree link",
+                                    remote_hello)
+            try:
+                link = dict(kind=remote_hello.connector or local.kind,
+                            name=remote_hello.link_name or local.name,
+                            duplex=remote_hello.duplex, node_type=None)
+                settings = LinkSettings.from_options(remote_hello.options, **link) \
+                    if remote_hello.options else replace(local, **link)
+                # a protective limit is ours to set: the dialer may only lower it
+                cap = min(settings.max_demand_per_link, local.max_demand_per_link)
+                if cap != settings.max_demand_per_link:
+                    settings = replace(settings, max_demand_per_link=cap)
+            except TreefedError as exc:
+                return self._refuse(conn, local, peer, f"bad connector options: {exc}",
+                                    remote_hello)
+        if remote_hello.role != "broker" or not remote_hello.broker_id:
+            return self._refuse(conn, settings, peer, "peer is not a broker", remote_hello)
+        if settings.kind == "tree":
+            tree = self.tree
+            if dialed and tree is None:  # a site without TreeSettings takes the connector's
+                tree = TreeSettings(settings.node_type or "leaf", settings.route_unknown_up)
+            why = check_tree_hello(tree, remote_hello, me=self.broker_id, dialed=dialed,
+                                   ancestry=self._ancestry,
+                                   accept_children=self.accept_tree_children)
+            if why is None and dialed and self._lanes["parent"]:
+                why = "already linked to a parent"
+            if why is not None:
+                return self._refuse(conn, settings, peer, why, remote_hello)
+            if tree is not self.tree:
+                self.tree, self.route_unknown_up = tree, tree.route_unknown_up
+            lane = "parent" if dialed else "child"
+            forwards = accepts = advertises = True
+            peer_role = remote_hello.node_type or "leaf"
+        else:
+            lane, peer_role = "mesh", "mesh"
+            forwards = settings.duplex or dialed
+            accepts = forwards and not settings.static_bridge
+            advertises = (settings.duplex or not dialed) and not settings.static_bridge
+        bridge = Bridge(self, conn, peer, settings, POLICIES[settings.kind](settings),
+                        lane=lane, forwards=forwards, accepts=accepts,
+                        advertises=advertises, peer_role=peer_role)
+        out = self.broker.connect(conn, now)
+        if lane == "parent":
+            self._ancestry = [peer, *remote_hello.ancestry]
+            self.ancestry_set = frozenset(self._ancestry)
+        elif lane == "child":
+            self._owner[peer] = bridge
+            bridge.owned.add(peer)
+        self._bridges[conn] = bridge
+        self._lanes[lane].append(bridge)
+        bridge.start(out, now)
+        out.append(Log("link.up", {"link": settings.name, "peer": peer,
+                                   "connector": settings.kind, "role": peer_role}))
+        if advertises:  # replay every current interest this link may hear of
+            for it in list(self._active.values()):
+                src = it.source
+                if src is not bridge and lane in _ROUTES[src.lane if src else "local"]:
+                    bridge.offer(it, out)
+        return out
+
+    def _refuse(self, conn: str, settings: LinkSettings, peer: str, why: str,
+                hello: Hello) -> list:
+        code = "tree_refused" if settings.kind == "tree" else "link_refused"
+        return [Out(conn, Error(code=code, message=why)), Close(conn),
+                Log("link.refused", {"link": settings.name, "peer": peer,
+                                     "connector": settings.kind,
+                                     "role": hello.node_type or "mesh", "reason": why})]
+
+    def link_down(self, conn: str, now: float) -> list:
+        """Forget the link: its demand, what it taught us (cascading removals), and its
+        subtree.  Unknown conns (a refused link) are ignored."""
+        bridge = self._bridges.pop(conn, None)
+        if bridge is None:
+            return []
+        bridge.up = False
+        self._lanes[bridge.lane].remove(bridge)
+        # the core drops every consumer of the conn at once (in-flight messages requeue)
+        out = self.broker.disconnect(conn, now)
+        learned = list(bridge.remote.values())
+        bridge.remote.clear()
+        for it in learned:  # first, so no fail-over picks an instance of this dead link
+            if not it.active:
+                self._unrival(it)
+        for it in learned:
+            if it.active:
+                self.forget(it, out, now, gone=True)
+        for it in self._active.values():  # so flapping links leave nothing behind
+            if bridge in it.sent_to:
+                it.sent_to.remove(bridge)
+        for broker_id in bridge.owned:
+            if self._owner.get(broker_id) is bridge:
+                del self._owner[broker_id]
+        if bridge.lane == "parent":
+            self._ancestry = []
+            self.ancestry_set = frozenset()
+        out.append(Log("link.down", {"link": bridge.name, "peer": bridge.peer,
+                                     "connector": bridge.settings.kind,
+                                     "role": bridge.peer_role}))
+        return out
+
+    def links(self) -> list[Bridge]:
+        return list(self._bridges.values())
+
+    def bridge(self, conn: str) -> Bridge | None:
+        return self._bridges.get(conn)
+
+    # -- timers & stats ------------------------------------------------------------
+    def next_deadline(self) -> float | None:
+        return self.broker.next_deadline()
+
+    def handle_timer(self, now: float) -> list:
+        return self.broker.handle_timer(now)
+
+    def statistics(self) -> dict:
+        stats = dict(self.broker.statistics())
+        stats["links"] = [{"conn": b.conn, "link": b.name, "peer": b.peer,
+                           "connector": b.settings.kind, "lane": b.lane,
+                           "remote_interest": len(b.remote), "demand": b.demand_count()}
+                          for b in self._bridges.values()]
+        stats["demand"] = sum(link["demand"] for link in stats["links"])
+        stats["interest"] = len(self._active)
+        stats["advisories"] = dict(self.counters)
+        stats["advisories_dropped"] = {k: v for k, v in self.dropped.items() if v}
+        if self.tree is not None or self._lanes["child"]:
+            stats["tree"] = {"node_type": self.node_type, "ancestry": self.ancestry()}
+        return stats
+
+    # -- tree subtree ownership (read by TreePolicy) -------------------------------
+    def subtree_owner(self, broker_id: str) -> Bridge | None:
+        return self._owner.get(broker_id)
+
+    def claim_subtree(self, bridge: Bridge, brokers: Sequence[str]) -> None:
+        owner = self._owner
+        for broker_id in brokers:
+            if broker_id not in owner:
+                owner[broker_id] = bridge
+                bridge.owned.add(broker_id)
+
+    # -- interest life cycle (called by Bridge, not part of the shell API) ---------
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def admit(self, it: Interest, out: list, now: float) -> None:
+        """A newly accepted instance: activate it unless a better duplicate holds."""
+        if it.source.policy.suppresses(it.dst):
+            rivals = self._rivals.setdefault(it.consumer, [])
+            rivals.append(it)
+            kept = next((r for r in rivals if r.active), None)
+            if kept is not None:
+                if it.demand_priority <= kept.demand_priority:
+                    it.source.drop(it, "duplicate", out)
+                    return
+                kept.source.drop(kept, "duplicate", out)
+                self._deactivate(kept, out, now)
+        self._activate(it, out, now)
+
+    def _activate(self, it: Interest, out: list, now: float) -> None:
+        if it.source is not None and not it.source.join_demand(it, out, now):
+            it.source.remote.pop(it.key, None)
+            self._unrival(it)
+            it.source.drop(it, "malformed", out)  # the core refused its selector/dst
+            return
+        it.active = True
+        self._active[it.key] = it
+        self._advertise(it, out)
+
+    def _deactivate(self, it: Interest, out: list, now: float, *, gone: bool = False) -> None:
+        it.active = False
+        del self._active[it.key]
+        if it.source is not None:
+            it.source.leave_demand(it, out, now, gone=gone)
+        for bridge in it.sent_to:
+            if bridge.up:
+                bridge.retract(it, out)
+        it.sent_to = []
+
+    def forget(self, it: Interest, out: list, now: float, *, gone: bool = False) -> None:
+        """The instance is gone (removal, link loss, consumer closed)."""
+        was_active = it.active
+        if was_active:
+            self._deactivate(it, out, now, gone=gone)
+        rivals = self._unrival(it)
+        if was_active and rivals:
+            best = max(rivals, key=lambda r: (r.demand_priority, -r.seq))
+            self._activate(best, out, now)
+
+    def _unrival(self, it: Interest) -> list[Interest] | None:
+        rivals = self._rivals.get(it.consumer)
+        if rivals is None:
+            return None
+        if it in rivals:
+            rivals.remove(it)
+        if not rivals:
+            del self._rivals[it.consumer]
+            return None
+        return rivals
+
+    def _advertise(self, it: Interest, out: list) -> None:
+        src = it.source
+        lanes = self._lanes
+        for lane in _ROUTES[src.lane if src is not None else "local"]:
+            for bridge in lanes[lane]:
+                if bridge is not src and bridge.advertises:
+                    bridge.offer(it, out)

@@ -1,0 +1,97 @@
+"""Tree policy: the hierarchical connector of AMQ-2875 (DESIGN §4.2).
+
+Theory of operation
+-------------------
+The same four questions as ``mesh.py``, answered by position instead of by TTL.  Each
+tree link leads to our *parent* or to one of our *children* (its lane).
+
+* *Where does interest go?*  ``ROUTES``: local interest goes up and down; interest from
+  a child goes up only (siblings never learn of each other's consumers, and no
+  per-sibling refusal is logged: not sending is the saving); interest from the parent
+  goes down to every child.  At a leaf "down" is empty, at the root "up" is.
+* *May this advisory be accepted?*  No TTL.  From a child: a path naming us or an
+  ancestor means a downward frame was sent back up (``tree_rule``); otherwise the
+  origin must head the path and every broker named must belong to that child's subtree
+  (first claimed by it, never our own id or an ancestor's: ``malformed``).  From the parent: we
+  must not be the origin or on the path (``loop``).
+* *May it be sent on this link?*  Always, once ROUTES chose the link.
+* *What demand does it create?*  One conduit per (link, destination) whose selector is
+  the OR of its members' selectors (no selector if any member has none).  ActiveMQ
+  conduits drop selectors, which strands queue messages at brokers whose consumers do
+  not select them; the OR keeps one subscription per destination and forwards only
+  what some consumer below can take.  Priority -(hops): local consumers (0) win, then
+  nearer demand.
+
+Bookkeeping (subtree ownership) lives on the Site; this object only reads and claims it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from treefed.federation.settings import LinkSettings
+
+if TYPE_CHECKING:  # pragma: no cover
+    from treefed.federation.bridge import Bridge, Interest
+    from treefed.wire.frames import Advisory
+
+__all__ = ["TreePolicy"]
+
+
+class TreePolicy:
+    __slots__ = ("settings",)
+
+    message_ttl = -1  # no TTL anywhere: a tree path is bounded by its depth
+
+    kind = "tree"
+    #: where the interest came from -> lanes of links it is offered to.
+    ROUTES = {"local": ("parent", "child"), "child": ("parent",), "parent": ("child",),
+              "mesh": ("parent", "child")}
+
+    def __init__(self, settings: LinkSettings) -> None:
+        self.settings = settings
+
+    # -- receiving side ------------------------------------------------------------
+    def accept(self, bridge: "Bridge", adv: "Advisory") -> str | None:
+        site = bridge.site
+        me, origin, path = site.broker_id, adv.origin, adv.path
+        if bridge.lane == "parent":
+            if origin == me or me in path:
+                return "loop"
+            owner = site.subtree_owner(origin)
+            return "loop" if owner is not None and owner is not bridge else None
+        # from a child: the advisory must describe a consumer inside that child's subtree
+        above = site.ancestry_set
+        if me in path or not above.isdisjoint(path):
+            return "tree_rule"  # it travelled down to the child and is being echoed up
+        if origin == me or origin in above:
+            return "malformed"
+        if (path[0] if path else bridge.peer) != origin:
+            return "malformed"
+        for broker in path:
+            owner = site.subtree_owner(broker)
+            if owner is not None and owner is not bridge:
+                return "malformed"  # a spoof: that broker lives under another child
+        site.claim_subtree(bridge, path)
+        return None
+
+    # -- sending side --------------------------------------------------------------
+    def offer(self, bridge: "Bridge", it: "Interest") -> str | None:
+        return None
+
+    # -- demand --------------------------------------------------------------------
+    def demand_priority(self, hops: int) -> int:
+        return -hops
+
+    def conduit(self, dst: str, hops: int) -> bool:
+        return True
+
+    def conduit_selector(self, selectors: dict[str | None, int]) -> str | None:
+        if None in selectors:
+            return None
+        if len(selectors) == 1:
+            return next(iter(selectors))
+        return " OR ".join(f"({text})" for text in sorted(selectors))
+
+    def suppresses(self, dst: str) -> bool:
+        return False  # a tree has one route between any two brokers
