@@ -7,7 +7,7 @@ A link conn is named ``L:<peer>``; demand is added with ``add_consumer(..., peer
 from treefed.core.actions import DeleteMessage, Log, Out, StoreMessage
 from treefed.core.broker import Broker
 from treefed.core.policy import DestinationPolicy, PolicySet
-from treefed.wire.frames import Ack, Deliver, Error, Forward, ForwardAck, Send, Subscribe
+from treefed.wire.frames import Ack, Deliver, Error, Forward, ForwardAck, Nack, Send, Subscribe
 
 
 def to(actions, conn):
@@ -254,3 +254,65 @@ class TestAcceptForward:
         assert to(out, "L:A") == [] and out[0].conn == "L:A"
         out = b.handle_frame("c", Ack("s", "m1"), 1.0)
         assert to(out, "L:A") == [ForwardAck(["m2"])]
+
+
+class TestRestedMessages:
+    def test_replay_consumer_takes_a_rested_message_back_along_its_path(self):
+        """A message that found no consumer rests; a replay consumer may then send it back."""
+        b = Broker("HQ")
+        b.allow_revisits("L:R1")
+        fwd(b, "L:R1", "queue://Q", "m1", ["S1", "R1"])
+        out = demand(b, "R1", "queue://Q", replay=True)
+        assert [f.id for f in forwards(out, "L:R1")] == ["m1"]
+
+    def test_mesh_consumer_never_goes_back_even_when_rested(self):
+        """Without replay the path rule holds for a rested message too (ActiveMQ default)."""
+        b = Broker("HQ")
+        fwd(b, "L:R1", "queue://Q", "m1", ["S1", "R1"])
+        assert forwards(demand(b, "R1", "queue://Q"), "L:R1") == []
+
+    def test_busy_consumers_do_not_make_a_message_rest(self):
+        """A message waiting only for credit is not rested: it keeps the path rule."""
+        b = Broker("R1")
+        b.handle_frame("c", Subscribe("s", "Q", prefetch=1), 0.0)
+        fwd(b, "L:HQ", "queue://Q", "m1", ["HQ"])
+        fwd(b, "L:HQ", "queue://Q", "m2", ["HQ"])
+        assert forwards(demand(b, "HQ", "queue://Q", replay=True), "L:HQ") == []
+
+    def test_revisits_only_on_tree_links(self):
+        """A forward naming this broker is a loop unless the link allows revisits."""
+        b = Broker("B")
+        b.handle_frame("c", Subscribe("s", "Q"), 0.0)
+        b.allow_revisits("L:T")
+        assert got(fwd(b, "L:T", "queue://Q", "m1", ["B", "A"]), "c") == ["m1"]
+        assert got(fwd(b, "L:M", "queue://Q", "m2", ["B", "A"]), "c") == []
+
+    def test_tree_link_retransmit_is_still_a_duplicate(self):
+        """On a revisit link the same id with the same path is a retransmit: dropped."""
+        b = Broker("B")
+        b.handle_frame("c", Subscribe("s", "topic://T"), 0.0)
+        b.allow_revisits("L:T")
+        assert got(fwd(b, "L:T", "topic://T", "m1", ["A"]), "c") == ["m1"]
+        assert got(fwd(b, "L:T", "topic://T", "m1", ["A"]), "c") == []
+        assert b.statistics()["dropped"] == {"duplicate": 1}
+
+    def test_hop_limit_drops_looping_messages(self):
+        """A forward that crossed MAX_HOPS links is acked and dropped as hop_limit."""
+        from treefed.core.broker import MAX_HOPS
+        b = Broker("B")
+        b.handle_frame("c", Subscribe("s", "Q"), 0.0)
+        out = fwd(b, "L:A", "queue://Q", "m1", [f"X{i}" for i in range(MAX_HOPS)])
+        assert got(out, "c") == [] and to(out, "L:A") == [ForwardAck(["m1"])]
+        assert b.statistics()["dropped"] == {"hop_limit": 1}
+
+
+class TestDeadLetterStaysLocal:
+    def test_dlq_is_never_forwarded(self):
+        """Dead letters stay at the site that dead-lettered them, even with demand for >."""
+        b = Broker("B", max_redeliveries=0)
+        out = demand(b, "P", "queue://>", fallback=True)
+        b.handle_frame("c", Subscribe("s", "Q"), 0.0)
+        send(b, "queue://Q", "m1")
+        out = b.handle_frame("c", Nack("s", "m1"), 0.0)
+        assert forwards(out, "L:P") == []
+        assert b.statistics()["destinations"]["queue://DLQ"]["depth"] == 1

@@ -123,14 +123,29 @@ class TestTreeMessages:
         e.run_until_quiet()
         assert e.delivered("R2.2") == ids
 
+    @pytest.mark.parametrize("where", ["R1.2", "R1.1", "R1"])
+    def test_waiting_message_goes_back_down_its_own_subtree(self, where):
+        """A message that rested at HQ reaches a consumer that appears where it came from."""
+        e, _ = tree_estate([2, 2])
+        ids = e.send("R1.1", "queue://Later")
+        e.run_until_quiet()
+        assert e.held("HQ", "queue://Later") == 1
+        e.subscribe(where, "s", "queue://Later")
+        e.run_until_quiet()
+        assert e.delivered(where) == ids
+        assert e.held("HQ", "queue://Later") == 0
+
     def test_topic_without_interest_is_dropped_at_root(self):
-        """A topic message nobody wants climbs to HQ and goes no further."""
+        """A topic message nobody wants climbs to HQ, goes no further and is counted."""
         e, _ = tree_estate([2, 2])
         e.send("R1.1", "topic://Nobody")
         e.run_until_quiet()
         assert [(s, d) for s, d, _ in e.forwards] == [("R1.1", "R1"), ("R1", "HQ")]
-        stats = e.sites["HQ"].broker.statistics()["destinations"]["topic://Nobody"]
+        hq = e.sites["HQ"].broker.statistics()
+        stats = hq["destinations"]["topic://Nobody"]
         assert stats["enqueued"] == 1 and stats["inflight"] == 0
+        assert hq["dropped"].get("no_route") == 1
+        assert "no_route" not in e.sites["R1"].broker.statistics()["dropped"]
 
     def test_route_unknown_up_off_confines_messages(self):
         """With route_unknown_up off a leaf keeps what it has no interest for."""

@@ -80,6 +80,9 @@ __all__ = ["Broker", "ConsumerInfo", "TOPIC_BACKLOG_FACTOR"]
 
 #: A topic subscriber without credit has at most prefetch x this many messages queued.
 TOPIC_BACKLOG_FACTOR = 10
+#: A forwarded message whose path is this long is looping (tree replays can revisit
+#: brokers, so the path check alone does not bound them): dropped, reason "hop_limit".
+MAX_HOPS = 64
 
 _INF = float("inf")
 
@@ -110,7 +113,7 @@ class ConsumerInfo:
 
 
 class _Conn:
-    __slots__ = ("name", "consumers", "forwarded", "parked", "blocked_on", "temps")
+    __slots__ = ("name", "consumers", "forwarded", "parked", "blocked_on", "temps", "revisit")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -120,16 +123,18 @@ class _Conn:
         self.parked: deque | None = None              # Send/Forward frames waiting (paused)
         self.blocked_on: _Dest | None = None          # the full destination we wait for
         self.temps: list[str] = []                    # temp destinations this conn owns
+        self.revisit = False                          # tree link: a replayed message may
+                                                      # come back to a broker on its path
 
 
 class _Consumer:
     __slots__ = ("conn", "cs", "sub_id", "pattern", "selector", "prefetch", "priority", "peer",
-                 "message_ttl", "fallback", "local_only_ok", "topic", "inflight", "dests",
+                 "message_ttl", "fallback", "local_only_ok", "replay", "topic", "inflight", "dests",
                  "backlog", "gid", "seq", "delivered")
 
     def __init__(self, cs: _Conn, sub_id: str, pattern: str, selector: Any, prefetch: int,
                  priority: int, peer: str | None, message_ttl: int, fallback: bool,
-                 local_only_ok: bool, gid: str, seq: int) -> None:
+                 local_only_ok: bool, gid: str, seq: int, replay: bool = False) -> None:
         self.conn = cs.name
         self.cs = cs
         self.sub_id = sub_id
@@ -141,6 +146,7 @@ class _Consumer:
         self.message_ttl = message_ttl        # network only: max path length offered, -1 = any
         self.fallback = bool(fallback)        # route_unknown_up: last resort for queues
         self.local_only_ok = local_only_ok    # network demand allowed to see local_only dsts
+        self.replay = replay                  # tree: a rested message may go back along its path
         self.topic = pattern.startswith("topic://") or pattern.startswith("temp-topic://")
         self.inflight: dict[str, Message] = {}   # msg id -> message, in delivery order
         self.dests: dict[_Dest, None] = {}       # destinations it is attached to (ordered set)
@@ -152,7 +158,7 @@ class _Consumer:
 
 class _Dest:
     __slots__ = ("name", "topic", "temp", "stored", "policy", "local_only", "limited",
-                 "consumers", "fallbacks", "pending", "inflight", "bytes", "enqueued",
+                 "consumers", "fallbacks", "replayers", "pending", "inflight", "bytes", "enqueued",
                  "dequeued", "expiring", "next_expiry", "blocked", "roomy", "owner", "alive")
 
     def __init__(self, name: str, policy: Any) -> None:
@@ -165,6 +171,7 @@ class _Dest:
         self.limited = policy.limited
         self.consumers: list[_Consumer] = []   # priority desc; rotated within a level
         self.fallbacks = 0                     # how many of them are fallback consumers
+        self.replayers = 0                     # how many may take a rested message back
         self.pending: deque[Message] = deque()  # queues: waiting for an eligible consumer
         self.inflight = 0                      # given to consumers, not yet acked
         self.bytes = 0                         # queues: size of pending + in-flight
@@ -197,6 +204,8 @@ class Broker:
         self._timers: list[tuple[float, int, _Dest]] = []   # heap of pending expiries
         self._expiring = 0                        # pending messages with an expiry, all dests
         self._seq = count()
+        self._regular_seen = False                # set by _pick: an eligible non-fallback
+                                                  # consumer existed (credit aside)
         self._waiting: dict[_Dest, None] = {}     # queues with pending messages (ordered set)
         self._room: deque[_Dest] = deque()        # full destinations that gained room
         self._seen: set[str] = set()              # forwarded ids accepted (dedup window)
@@ -258,7 +267,7 @@ class Broker:
     def add_consumer(self, conn: str, sub_id: str, dst: str, now: float, *,
                      selector: Any = None, prefetch: int = 1000, priority: int = 0,
                      peer: str | None = None, message_ttl: int = -1, fallback: bool = False,
-                     local_only_ok: bool = False) -> list[Action]:
+                     local_only_ok: bool = False, replay: bool = False) -> list[Action]:
         """Open a consumer; raises a TreefedError (nothing changed) when refused.
 
         ``selector`` is selector text (compiled here) or an already compiled selector."""
@@ -295,7 +304,8 @@ class Broker:
             dests = [d]
         seq = next(self._seq)
         c = _Consumer(cs, sub_id, pattern, selector, prefetch, priority, peer, message_ttl,
-                      fallback, local_only_ok, f"{self.broker_id}/{conn}/{sub_id}", seq)
+                      fallback, local_only_ok, f"{self.broker_id}/{conn}/{sub_id}", seq,
+                      replay)
         cs.consumers[sub_id] = c
         self._subs.insert(pattern, c)
         out: list[Action] = []
@@ -366,6 +376,12 @@ class Broker:
             self._unblock(now, out)
         return out
 
+    def allow_revisits(self, conn: str) -> None:
+        """Link ``conn`` is a tree link: a message it brings may have passed this broker
+        before (it rested somewhere and was replayed back).  Loops stay bounded by
+        MAX_HOPS."""
+        self._conn(conn).revisit = True
+
     def accept_forward(self, conn: str, frame: Forward, now: float) -> list[Action]:
         """A message forwarded by a peer broker on link ``conn``.
 
@@ -404,8 +420,10 @@ class Broker:
                 out.append(DeleteMessage(m.id, m.dst))
                 continue
             d.bytes += _size(m)
+            m.rested = True        # it waited here across a restart: free to go anywhere
             self._push_pending(d, m)
             self._remember(m.id)   # a peer re-forwarding it after our restart is a duplicate
+            self._remember(f"{m.id}#{len(m.path)}")   # ... also over a tree link
             touched[d] = None
         for d in touched:
             self._drain(d, now, out)
@@ -486,6 +504,10 @@ class Broker:
                 c.dests[d] = None
                 if c.fallback:
                     d.fallbacks += 1
+                if c.replay:
+                    d.replayers += 1
+        if name == self.dlq:
+            d.local_only = True   # dead letters are this site's to inspect, never forwarded
         self._dests[name] = d
         self._dest_index.insert(name, d)
         return d
@@ -522,6 +544,8 @@ class Broker:
         c.dests[d] = None
         if c.fallback:
             d.fallbacks += 1
+        if c.replay:
+            d.replayers += 1
 
     def _remove(self, c: _Consumer, now: float, out: list) -> None:
         cs = c.cs
@@ -546,6 +570,8 @@ class Broker:
             d.consumers.remove(c)
             if c.fallback:
                 d.fallbacks -= 1
+            if c.replay:
+                d.replayers -= 1
         for d, msgs in requeue.items():
             self._requeue_front(d, msgs)
         # Requeued messages, and messages that only a fallback consumer may now take.
@@ -587,11 +613,20 @@ class Broker:
         return True
 
     def _admit_forward(self, cs: _Conn, f: Forward, now: float, out: list) -> bool:
-        if f.id in self._seen or self.broker_id in f.path:
+        if len(f.path) >= MAX_HOPS:
+            # Whatever the routing did, a message that crossed this many links is looping.
+            out.append(Out(cs.name, ForwardAck([f.id])))
+            self._count_drop("hop_limit", f.id, f.dst, out)
+            return True
+        # A retransmit (reconnect mid-forward) repeats id *and* path.  On a tree link a
+        # replayed message legitimately comes back with a longer path, so there the
+        # duplicate key includes the path length; elsewhere the id alone (ActiveMQ audit).
+        key = f"{f.id}#{len(f.path)}" if cs.revisit else f.id
+        if key in self._seen or (self.broker_id in f.path and not cs.revisit):
             # Seen before, or it already left this broker: a loop. Ack so the sender
             # releases its copy, and drop it.
             out.append(Out(cs.name, ForwardAck([f.id])))
-            self._count_drop("duplicate" if f.id in self._seen else "loop", f.id, f.dst, out)
+            self._count_drop("duplicate" if key in self._seen else "loop", f.id, f.dst, out)
             return True
         d = self._lookup_for_send(f.dst)
         m = Message(f.id, d.name, f.headers, f.body, f.persistent, f.priority,
@@ -599,7 +634,7 @@ class Broker:
         size = _size(m)
         if d.limited and not self._check_limits(cs, d, size, out):
             return False
-        self._remember(f.id)
+        self._remember(key)
         d.enqueued += 1
         if not d.topic:
             d.bytes += size
@@ -729,7 +764,7 @@ class Broker:
             if d.local_only and not c.local_only_ok:
                 return False
             path = m.path
-            if c.peer in path:
+            if c.peer in path and not (c.replay and m.rested):
                 return False   # never back to a broker the message has left
             if c.message_ttl >= 0 and len(path) >= c.message_ttl:
                 return False
@@ -744,13 +779,17 @@ class Broker:
         """Index in d.consumers of the queue consumer to give ``m`` to, or -1."""
         cons = d.consumers
         regular = False
+        self._regular_seen = False
         for i, c in enumerate(cons):
             if c.fallback or not self._eligible(c, m, d):
                 continue
             if len(c.inflight) < c.prefetch:
                 return i   # sorted by priority: the first with credit is the top level
             regular = True
-        if regular or not d.fallbacks:
+        if regular:
+            self._regular_seen = True
+            return -1
+        if not d.fallbacks:
             return -1
         for i, c in enumerate(cons):
             if c.fallback and len(c.inflight) < c.prefetch and self._eligible(c, m, d):
@@ -775,7 +814,14 @@ class Broker:
         if m.expires and now >= m.expires:
             self._expire(d, m, now, out)
             return
+        self._regular_seen = False
         i = self._pick(d, m) if d.consumers else -1
+        if i < 0 and not self._regular_seen and not m.rested:
+            # No consumer here could ever take it (credit aside): it rests, and a replay
+            # consumer may now take it back along its path (tree: store -> root -> store).
+            m.rested = True
+            if d.replayers:
+                i = self._pick(d, m)
         if i < 0:
             self._push_pending(d, m)
         else:
@@ -805,6 +851,10 @@ class Broker:
                 self._expire(d, m, now, out)
                 continue
             i = self._pick(d, m)
+            if i < 0 and not self._regular_seen and not m.rested:
+                m.rested = True   # see _dispatch_new
+                if d.replayers:
+                    i = self._pick(d, m)
             if i < 0:
                 if kept is None:
                     kept = []
@@ -831,10 +881,12 @@ class Broker:
             self._count_drop("expired", m.id, d.name, out)
             return
         links: set[str] | None = None
+        taken = False
         for fallback_pass in (False, True):
             for c in d.consumers:
                 if c.fallback is not fallback_pass or not self._eligible(c, m, d):
                     continue
+                taken = True
                 if c.peer is not None:
                     if links is None:
                         links = {c.conn}
@@ -848,6 +900,10 @@ class Broker:
                     self._give(c, d, m, out)
             if not d.fallbacks:
                 break
+        if not taken:
+            # Nobody here or beyond wants it (a tree root with no interest anywhere):
+            # topics are not stored, so it is dropped — and counted.
+            self._count_drop("no_route", m.id, d.name, out)
 
     def _queue_for(self, c: _Consumer, m: Message, out: list) -> None:
         backlog = c.backlog

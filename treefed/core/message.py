@@ -28,6 +28,8 @@ class Message:
     reply_to: str | None = None
     path: tuple[str, ...] = ()   # brokers this message has left, oldest first
     redelivered: int = 0         # deliveries that were nacked or lost with their consumer
+    rested: bool = False         # it once found no eligible consumer here and waited: a
+                                 # "replay" consumer (tree) may then take it back along its path
 
     @property
     def size(self) -> int:

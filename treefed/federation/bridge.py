@@ -203,7 +203,7 @@ class Bridge:
             for dst in ("queue://>", "topic://>"):
                 sub = "f:" + dst
                 out += broker.add_consumer(self.conn, sub, dst, now, prefetch=s.prefetch,
-                                           peer=self.peer, fallback=True)
+                                           peer=self.peer, fallback=True, replay=True)
 
     # -- receiving -----------------------------------------------------------------
     def receive(self, adv: Advisory, out: list, now: float) -> None:
@@ -321,7 +321,8 @@ class Bridge:
         s = self.settings
         return self.site.broker.add_consumer(
             self.conn, d.sub, d.dst, now, selector=d.selector, prefetch=s.prefetch,
-            priority=d.priority, peer=self.peer, message_ttl=self.policy.message_ttl)
+            priority=d.priority, peer=self.peer, message_ttl=self.policy.message_ttl,
+            replay=self.policy.replay)
 
     def _refresh(self, d: Demand, out: list, now: float) -> bool:
         """Conduits: re-create the core consumer when the merged selector or the best

@@ -45,6 +45,7 @@ class MeshPolicy:
     __slots__ = ("settings", "message_ttl", "_ttl", "_permits")
 
     kind = "mesh"
+    replay = False   # ActiveMQ default: a message never goes back to a broker on its path
     #: where the interest came from -> lanes of links it is offered to.
     ROUTES = {"local": ("mesh",), "mesh": ("mesh",), "parent": ("mesh",), "child": ("mesh",)}
 

@@ -262,6 +262,8 @@ class Site:
                         lane=lane, forwards=forwards, accepts=accepts,
                         advertises=advertises, peer_role=peer_role)
         out = self.broker.connect(conn, now)
+        if bridge.policy.replay:
+            self.broker.allow_revisits(conn)
         if lane == "parent":
             self._ancestry = [peer, *remote_hello.ancestry]
             self.ancestry_set = frozenset(self._ancestry)

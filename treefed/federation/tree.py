@@ -42,6 +42,10 @@ class TreePolicy:
     __slots__ = ("settings",)
 
     message_ttl = -1  # no TTL anywhere: a tree path is bounded by its depth
+    #: A queue message that rested (no consumer anywhere it could go) may later be sent
+    #: back along its path: store1 -> region -> root waits, then root -> region -> store2
+    #: once store2's consumer appears.  Bounded by the core's MAX_HOPS.
+    replay = True
 
     kind = "tree"
     #: where the interest came from -> lanes of links it is offered to.
