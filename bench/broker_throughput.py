@@ -1,0 +1,345 @@
+"""Broker throughput and latency: producer -> broker -> consumer, three processes on loopback.
+
+What it measures (one JSON line on stdout):
+
+* ``baseline_relay_msgs_per_s`` — the same CBOR Send frames (100-byte bodies) relayed by a
+  bare middle process that decodes and re-encodes every frame, with batched reads and
+  writes.  That is what the stack (trio + cbor2 + loopback TCP) can do with no broker
+  logic at all; the other figures are read as ratios to it, which hold on a noisy machine.
+* ``nonpersistent_msgs_per_s`` — N non-persistent messages through a BrokerNode to a
+  consumer that acks each one (prefetch 1000): producer's first send to the consumer's
+  last receive.
+* ``persistent_msgs_per_s`` — N persistent messages (SQLite, WAL, synchronous=FULL),
+  the producer pipelining sends and counting receipts; first send to last receipt, with
+  the consumer acking (deleting) concurrently.
+* ``p50_ms_at_1000`` / ``p99_ms_at_1000`` — one-way latency of non-persistent messages
+  offered at 1,000 msgs/s (producer send time in a header; CLOCK_MONOTONIC is shared
+  by the processes), next to the bare relay's at the same rate.
+* ``*_cpu_us_per_msg`` — CPU time of the middle process per message.  When other work
+  shares the CPUs the rates drop, but CPU per message barely moves.
+
+Targets (issue #2): non-persistent >= 0.5 x baseline; persistent >= 10,000 msgs/s;
+p99 < 5 ms at 1,000 msgs/s.
+
+    python bench/broker_throughput.py [--count N] [--latency-seconds S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import queue
+import resource
+import statistics
+import sys
+import tempfile
+import time
+
+BODY = b"x" * 100
+DEST = "queue://bench.throughput"
+
+
+# --------------------------------------------------------------------------- processes
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _broker_proc(data_dir: str, ready: mp.Queue, stop: mp.Event, ctl: mp.Queue) -> None:
+    """The broker under test; answers each request on ``ctl`` with its CPU seconds."""
+    import trio
+
+    from treefed.config import parse_config
+    from treefed.log import configure_logging
+    from treefed.node import BrokerNode
+    from treefed.persistence import SqliteStore
+
+    configure_logging("warning")
+    config = parse_config({"broker": {"id": "bench", "data_dir": data_dir,
+                                      "listen": ["tcp://127.0.0.1:0"],
+                                      "heartbeat_interval": 0.0},
+                           "logging": {"level": "warning"}})
+    store = SqliteStore(data_dir)
+
+    async def serve() -> None:
+        node = BrokerNode(config, store=store)
+        async with trio.open_nursery() as nursery:
+            addresses = await nursery.start(node.serve)
+            ready.put(addresses[0][1])
+            while not stop.is_set():
+                try:
+                    ctl.get_nowait()
+                    ready.put(_cpu())
+                except queue.Empty:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+
+    trio.run(serve)
+    store.close()
+
+
+def _relay_proc(ready: mp.Queue, result: mp.Queue) -> None:
+    """Bare relay: the consumer connects first, then the producer; every frame from the
+    producer is decoded and re-encoded to the consumer, a whole received batch per write.
+    Reports its CPU seconds from the producer's arrival to its end of stream."""
+    import trio
+
+    from treefed.transport.framed import FramedStream
+
+    async def relay() -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        ready.put(listeners[0].socket.getsockname()[1])
+        consumer = FramedStream(await listeners[0].accept())
+        producer = FramedStream(await listeners[0].accept())
+        cpu = _cpu()
+        try:
+            while True:
+                await consumer.send_frames(await producer.receive_frames())
+        except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        result.put(("relay_cpu", _cpu() - cpu))
+
+    trio.run(relay)
+
+
+def _relay_consumer(port: int, count: int, ready: mp.Queue, result: mp.Queue,
+                    latency: bool) -> None:
+    import trio
+
+    from treefed.transport.framed import FramedStream
+
+    async def consume() -> None:
+        stream = FramedStream(await trio.open_tcp_stream("127.0.0.1", port))
+        ready.put("ok")
+        got = 0
+        lat: list[float] = []
+        while got < count:
+            frames = await stream.receive_frames()
+            if latency:
+                now = time.monotonic()
+                lat += [now - f.headers["t"] for f in frames]
+            got += len(frames)
+        result.put(("end", time.monotonic()))
+        if latency:
+            result.put(("latency", lat))
+        await stream.aclose()
+
+    trio.run(consume)
+
+
+def _relay_producer(port: int, count: int, rate: float, result: mp.Queue) -> None:
+    import trio
+
+    from treefed.transport.framed import FramedStream
+    from treefed.wire.frames import Send
+
+    async def produce() -> None:
+        stream = FramedStream(await trio.open_tcp_stream("127.0.0.1", port))
+        result.put(("start", time.monotonic()))
+        if rate:
+            t0 = trio.current_time()
+            for i in range(count):
+                await trio.sleep_until(t0 + i / rate)
+                await stream.send_frames([Send(DEST, f"p:{i}", {"t": time.monotonic()},
+                                               BODY)])
+        else:
+            batch = 256
+            for i in range(0, count, batch):
+                await stream.send_frames([Send(DEST, f"p:{j}", {}, BODY)
+                                          for j in range(i, min(i + batch, count))])
+        await trio.sleep(1)
+        await stream.aclose()
+
+    trio.run(produce)
+
+
+def _consumer(uri: str, count: int, ready: mp.Queue, result: mp.Queue,
+              latency: bool) -> None:
+    import trio
+
+    from treefed.client import connect
+
+    async def consume() -> None:
+        async with connect(uri, client_id="bench-consumer") as conn:
+            sub = await conn.subscribe(DEST, prefetch=1000)
+            ready.put("ok")
+            lat: list[float] = []
+            got = 0
+            while got < count:
+                msg = await sub.receive()
+                if latency:
+                    lat.append(time.monotonic() - msg.headers["t"])
+                msg.ack_nowait()
+                got += 1
+            result.put(("end", time.monotonic()))
+            if latency:
+                result.put(("latency", lat))
+
+    trio.run(consume)
+
+
+def _producer(uri: str, count: int, persistent: bool, rate: float, result: mp.Queue) -> None:
+    import trio
+
+    from treefed.client import connect
+
+    async def produce() -> None:
+        async with connect(uri, client_id="bench-producer") as conn:
+            result.put(("start", time.monotonic()))
+            if rate:
+                t0 = trio.current_time()
+                for i in range(count):
+                    await trio.sleep_until(t0 + i / rate)
+                    await conn.send(DEST, BODY, headers={"t": time.monotonic()})
+            else:
+                for _ in range(count):
+                    await conn.send(DEST, BODY, persistent=persistent, confirm=False)
+            if persistent:
+                await conn.wait_confirmed()
+                result.put(("confirmed", time.monotonic()))
+            await conn.flush()
+
+    trio.run(produce)
+
+
+# --------------------------------------------------------------------------- runs
+
+def _collect(result: mp.Queue, keys: set[str], timeout: float = 300.0) -> dict:
+    out: dict = {}
+    deadline = time.monotonic() + timeout
+    while not keys <= out.keys():
+        key, value = result.get(timeout=max(0.1, deadline - time.monotonic()))
+        out[key] = value
+    return out
+
+
+def _finish(*procs: mp.Process) -> None:
+    for p in procs:
+        p.join(timeout=30)
+        if p.is_alive():
+            p.terminate()
+
+
+def run_relay(ctx: mp.context.BaseContext, count: int, *, rate: float = 0.0) -> dict:
+    ready, result = ctx.Queue(), ctx.Queue()
+    relay = ctx.Process(target=_relay_proc, args=(ready, result))
+    relay.start()
+    port = ready.get(timeout=30)
+    consumer = ctx.Process(target=_relay_consumer,
+                           args=(port, count, ready, result, bool(rate)))
+    consumer.start()
+    ready.get(timeout=30)
+    producer = ctx.Process(target=_relay_producer, args=(port, count, rate, result))
+    producer.start()
+    got = _collect(result, {"start", "end", "relay_cpu"} | ({"latency"} if rate else set()))
+    _finish(consumer, producer, relay)
+    return got
+
+
+class BrokerUnderTest:
+    """The broker process, with its CPU seconds readable between phases."""
+
+    def __init__(self, ctx: mp.context.BaseContext, data_dir: str) -> None:
+        self.ready, self.stop, self.ctl = ctx.Queue(), ctx.Event(), ctx.Queue()
+        self.proc = ctx.Process(target=_broker_proc,
+                                args=(data_dir, self.ready, self.stop, self.ctl))
+        self.proc.start()
+        self.uri = f"tcp://127.0.0.1:{self.ready.get(timeout=60)}"
+
+    def cpu(self) -> float:
+        self.ctl.put("cpu")
+        return self.ready.get(timeout=30)
+
+    def close(self) -> None:
+        self.stop.set()
+        _finish(self.proc)
+
+
+def run_broker_phase(ctx: mp.context.BaseContext, broker: BrokerUnderTest, count: int, *,
+                     persistent: bool = False, rate: float = 0.0) -> dict:
+    ready, result = ctx.Queue(), ctx.Queue()
+    consumer = ctx.Process(target=_consumer,
+                           args=(broker.uri, count, ready, result, bool(rate)))
+    consumer.start()
+    ready.get(timeout=30)
+    cpu = broker.cpu()
+    producer = ctx.Process(target=_producer,
+                           args=(broker.uri, count, persistent, rate, result))
+    producer.start()
+    keys = {"start", "end"} | ({"confirmed"} if persistent else set()) \
+        | ({"latency"} if rate else set())
+    got = _collect(result, keys)
+    got["broker_cpu"] = broker.cpu() - cpu
+    _finish(producer, consumer)
+    return got
+
+
+def _quantiles_ms(samples: list[float]) -> tuple[float, float]:
+    # the first tenth is warm-up (connections, caches)
+    q = statistics.quantiles(sorted(samples[len(samples) // 10:]), n=100,
+                             method="inclusive")
+    return round(q[49] * 1000, 3), round(q[98] * 1000, 3)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=100_000,
+                        help="messages per throughput phase")
+    parser.add_argument("--latency-seconds", type=float, default=5.0)
+    args = parser.parse_args(argv)
+    ctx = mp.get_context("spawn")
+    n = args.count
+    lat_count = int(1000 * args.latency_seconds)
+
+    relay = run_relay(ctx, n)
+    relay_rate = n / (relay["end"] - relay["start"])
+    relay_p50, relay_p99 = _quantiles_ms(run_relay(ctx, lat_count, rate=1000.0)["latency"])
+
+    with tempfile.TemporaryDirectory(prefix="treefed-bench-") as data_dir:
+        broker = BrokerUnderTest(ctx, data_dir)
+        try:
+            np = run_broker_phase(ctx, broker, n)
+            pp = run_broker_phase(ctx, broker, n, persistent=True)
+            lp = run_broker_phase(ctx, broker, lat_count, rate=1000.0)
+        finally:
+            broker.close()
+
+    nonpersistent = n / (np["end"] - np["start"])
+    persistent = n / (pp["confirmed"] - pp["start"])
+    p50, p99 = _quantiles_ms(lp["latency"])
+    relay_cpu = relay["relay_cpu"] / n * 1e6
+    broker_cpu = np["broker_cpu"] / n * 1e6
+    figures = {
+        "bench": "broker_throughput",
+        "count": n,
+        "body_bytes": len(BODY),
+        "cpus": os.cpu_count(),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "baseline_relay_msgs_per_s": round(relay_rate),
+        "nonpersistent_msgs_per_s": round(nonpersistent),
+        "nonpersistent_over_baseline": round(nonpersistent / relay_rate, 3),
+        "persistent_msgs_per_s": round(persistent),
+        "persistent_delivered_msgs_per_s": round(n / (pp["end"] - pp["start"])),
+        "p50_ms_at_1000": p50,
+        "p99_ms_at_1000": p99,
+        "baseline_p50_ms_at_1000": relay_p50,
+        "baseline_p99_ms_at_1000": relay_p99,
+        "relay_cpu_us_per_msg": round(relay_cpu, 2),
+        "broker_cpu_us_per_msg_nonpersistent": round(broker_cpu, 2),
+        "broker_cpu_us_per_msg_persistent": round(pp["broker_cpu"] / n * 1e6, 2),
+        "cpu_ratio_relay_over_broker": round(relay_cpu / broker_cpu, 3),
+    }
+    figures["targets_met"] = {
+        "nonpersistent_ge_half_baseline": figures["nonpersistent_over_baseline"] >= 0.5,
+        "persistent_ge_10000": persistent >= 10_000,
+        "p99_lt_5ms": p99 < 5.0,
+    }
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

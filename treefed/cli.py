@@ -1,0 +1,215 @@
+"""The ``treefed`` command (DESIGN §7).
+
+Theory of operation
+-------------------
+One argparse parser with a subcommand per job.  ``broker`` validates the config before
+touching anything (an invalid file exits with status 2 and ``key: problem`` on stderr)
+and hands over to ``node.run_broker``.  ``send`` / ``consume`` / ``stat`` are thin
+wrappers over the client library that print JSON (one line per consumed message, so the
+output pipes into ``jq``).  ``scenario``, ``report`` and ``compare`` belong to other
+packages and are imported only when asked for, so the broker never loads pyspark; when
+such a package is missing the command says so and exits 2.
+
+Exit status: 0 success, 1 runtime failure (broker unreachable, refused request),
+2 usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import sys
+from typing import Any, Sequence
+
+__all__ = ["main", "build_parser"]
+
+#: subcommand -> "module:function" owning it; the function takes argv (list of str).
+_DELEGATED = {
+    "scenario": "treefed.scenario.cli:main",
+    "report": "treefed.analysis.job:main",
+    "compare": "treefed.scenario.compare:main",
+}
+_DELEGATED_HELP = {
+    "scenario": "run store-scale scenarios (tree and TTL modes)",
+    "report": "Spark job over run logs: tables, plots, HTML",
+    "compare": "run scenarios and report them: the main job",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="treefed", description="Broker federation for organisations shaped like a tree.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("broker", help="run one site's broker")
+    p.add_argument("--config", required=True, help="broker config file (TOML)")
+
+    p = sub.add_parser("send", help="send messages")
+    p.add_argument("uri", help="tcp://host:port or failover:(...)")
+    p.add_argument("dest", help="destination, e.g. queue://Store.Incoming")
+    p.add_argument("body", nargs="?", default=None,
+                   help="message body (default: read stdin)")
+    p.add_argument("--count", type=int, default=1, help="send the body N times")
+    p.add_argument("--persistent", action="store_true",
+                   help="persistent: wait until the broker has stored each message")
+    p.add_argument("--header", action="append", default=[], metavar="K=V",
+                   help="message header (repeatable); numbers and true/false are typed")
+    p.add_argument("--priority", type=int, default=4)
+    p.add_argument("--ttl", type=int, default=0, help="time to live in milliseconds")
+
+    p = sub.add_parser("consume", help="receive messages, one JSON line each")
+    p.add_argument("uri")
+    p.add_argument("dest")
+    p.add_argument("--count", type=int, default=0, help="stop after N messages (0: no limit)")
+    p.add_argument("--selector", default=None, help="JMS selector over headers")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="stop when no message arrived for this many seconds")
+
+    p = sub.add_parser("stat", help="print a broker's statistics as JSON")
+    p.add_argument("uri")
+
+    for name in _DELEGATED:
+        p = sub.add_parser(name, help=_DELEGATED_HELP[name], add_help=False)
+        p.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _header_value(text: str) -> Any:
+    if text in ("true", "false"):
+        return text == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _headers(pairs: Sequence[str]) -> dict:
+    headers = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise SystemExit(f"treefed: --header wants KEY=VALUE, got {pair!r}")
+        headers[key] = _header_value(value)
+    return headers
+
+
+async def _send(args: argparse.Namespace) -> int:
+    from treefed.client import connect
+
+    body = args.body if args.body is not None else sys.stdin.read()
+    headers = _headers(args.header)
+    async with connect(args.uri, client_id="treefed-send") as conn:
+        ids = []
+        for _ in range(args.count):
+            ids.append(await conn.send(args.dest, body.encode("utf-8"), headers=headers,
+                                       persistent=args.persistent, priority=args.priority,
+                                       ttl=args.ttl, confirm=False))
+        if args.persistent:
+            await conn.wait_confirmed()
+        await conn.flush()
+    print(json.dumps({"sent": len(ids), "dst": args.dest,
+                      "first": ids[0] if ids else None, "last": ids[-1] if ids else None}))
+    return 0
+
+
+async def _consume(args: argparse.Namespace) -> int:
+    import trio
+
+    from treefed.client import connect
+
+    received = 0
+    async with connect(args.uri, client_id="treefed-consume") as conn:
+        prefetch = max(1, min(args.count or 100, 1000))
+        sub = await conn.subscribe(args.dest, selector=args.selector, prefetch=prefetch)
+        idle = args.timeout if args.timeout is not None else math.inf
+        while not args.count or received < args.count:
+            msg = None
+            with trio.move_on_after(idle):
+                msg = await sub.receive()
+            if msg is None:
+                break
+            print(json.dumps(msg.as_dict(), ensure_ascii=False), flush=True)
+            await msg.ack()
+            received += 1
+        await sub.close()
+    return 0
+
+
+async def _stat(args: argparse.Namespace) -> int:
+    from treefed.client import connect
+
+    async with connect(args.uri, client_id="treefed-stat") as conn:
+        stats = await conn.stat()
+    print(json.dumps(stats, indent=2, sort_keys=True, default=str))
+    return 0
+
+
+def _delegate(command: str, argv: list[str]) -> int:
+    module_name, _, func_name = _DELEGATED[command].partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            print(f"treefed {command}: not available: module {module_name} is not installed "
+                  "in this build", file=sys.stderr)
+            return 2
+        raise
+    func = getattr(module, func_name, None)
+    if func is None:
+        print(f"treefed {command}: not available: {module_name} has no {func_name}()",
+              file=sys.stderr)
+        return 2
+    result = func(argv)
+    return int(result or 0)
+
+
+def _run_client(coro_fn: Any, args: argparse.Namespace) -> int:
+    import trio
+
+    from treefed.errors import TreefedError
+
+    try:
+        return trio.run(coro_fn, args)
+    except TreefedError as exc:
+        print(f"treefed {args.command}: {exc.message} [{exc.code}]", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in _DELEGATED:
+        return _delegate(argv[0], argv[1:])
+    args = build_parser().parse_args(argv)
+    if args.command == "broker":
+        from treefed.config import load_config
+        from treefed.errors import ConfigError
+
+        try:
+            config = load_config(args.config)
+        except ConfigError as exc:
+            notes = "".join(f" ({note})" for note in getattr(exc, "__notes__", ()))
+            print(f"treefed broker: invalid config: {exc.message}{notes}", file=sys.stderr)
+            return 2
+        from treefed.node import run_broker
+
+        return run_broker(config)
+    if args.command == "send":
+        if args.count < 0:
+            print("treefed send: --count must be >= 0", file=sys.stderr)
+            return 2
+        return _run_client(_send, args)
+    if args.command == "consume":
+        return _run_client(_consume, args)
+    if args.command == "stat":
+        return _run_client(_stat, args)
+    return _delegate(args.command, args.args)  # pragma: no cover - handled above
+
+
+if __name__ == "__main__":
+    sys.exit(main())

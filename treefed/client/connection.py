@@ -1,0 +1,781 @@
+"""The trio client library: one application connection to a broker, with failover.
+
+Theory of operation
+-------------------
+``connect(uri)`` opens a nursery holding one *supervisor* task.  The supervisor dials
+(every endpoint of a ``failover:`` URI in turn, sleeping the URI's back-off between
+sweeps), exchanges hellos, then runs a reader and a writer until the socket dies.
+Application calls never touch the socket:
+
+* sends, acks and subscribes append frames to one outgoing list and wake the writer,
+  which encodes everything queued (``encode_many``) and makes ONE ``send_all`` — a
+  producer loop costs one syscall per batch, not per message;
+* the reader decodes every frame of each received chunk and routes it: ``Deliver`` to
+  its Subscription's queue, ``Receipt`` / ``Error(ref)`` to the request waiting for it,
+  ``StatReply`` to the FIFO of stat waiters, replies to ``request()`` by correlation id.
+
+Invariants:
+
+* Message ids are ``<producer>:<seq>``; the producer id is unique to this Connection
+  object (a uuid), so ids stay unique across reconnects and a re-sent persistent message
+  keeps its id — the broker can recognise it.
+* A persistent send stays in ``_unconfirmed`` until its Receipt.  After a failover
+  reconnect, live subscriptions are re-opened under the same ids and unconfirmed sends are
+  re-sent in order, before anything the application queues afterwards.
+* Frames queued for a socket that died are dropped: acks of deliveries the broker has
+  already requeued, and non-persistent sends (at most once, as in JMS).
+* Memory is bounded: the outgoing list by ``high_water`` frames and the unconfirmed
+  sends by ``max_unconfirmed``; ``send`` waits for room, ``send_nowait`` raises
+  ``trio.WouldBlock``.
+* Nothing raises into the application's nursery.  A connection that is lost and cannot
+  be re-established makes every pending and later call raise ``ConnectionClosed``.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from treefed.errors import (DestinationError, FrameError, LimitError, LocalError,
+                            RemoteError, SelectorError, TreefedError)
+from treefed.transport.backoff import backoff_for
+from treefed.transport.uri import Endpoint, Failover, parse_uri
+from treefed.transport.framed import FramedStream
+from treefed.transport.streams import open_tcp
+from treefed.wire.codec import DEFAULT_MAX_FRAME, check_hello
+from treefed.wire.frames import (PROTOCOL_VERSION, Ack, Bye, Deliver, Error, Hello, Nack,
+                                 Ping, Pong, Receipt, Send, StatReply, StatRequest,
+                                 Subscribe, Unsubscribe)
+
+__all__ = ["connect", "Connection", "Subscription", "ReceivedMessage", "ConnectionClosed",
+           "remote_error"]
+
+_RECEIVE_SIZE = 256 * 1024
+#: A producer that does not wait yields to the writer once this many frames are queued:
+#: big enough to amortise a send_all, small enough to keep the pipeline moving.
+_WRITE_BATCH = 256
+#: codes a FrameDecoder / hello check may put in an error frame
+_FRAME_CODES = frozenset(("bad_frame", "bad_cbor", "oversized", "not_array", "unknown_type",
+                          "missing_field", "bad_field", "too_many_fields", "not_hello",
+                          "bad_version", "bad_role"))
+_POSITION = re.compile(r"at position (\d+)")
+
+
+class ConnectionClosed(TreefedError):
+    """The connection is gone (closed by us, or lost and not re-established)."""
+
+    code = "closed"
+
+
+def remote_error(frame: Error) -> RemoteError:
+    """The ``RemoteError`` subclass for a broker's error frame, carrying its code."""
+    code, text = frame.code, frame.message
+    if code == "bad_selector":
+        # SelectorError's constructor formats its own prefix; keep the broker's text.
+        exc: RemoteError = SelectorError.__new__(SelectorError)
+        RemoteError.__init__(exc, text, code=code)
+        found = _POSITION.search(text)
+        exc.position = int(found.group(1)) if found else None
+        exc.reason = text
+        return exc
+    if code == "bad_destination":
+        return DestinationError(text, code=code)
+    if code == "limit" or code.startswith("limit"):
+        return LimitError(text, code=code)
+    if code in _FRAME_CODES:
+        return FrameError(text, code=code)
+    return RemoteError(text, code=code)
+
+
+class _Lost(Exception):
+    """Internal: the current socket is finished (EOF, broker error, broker bye)."""
+
+
+#: what ends one socket (and, under failover, starts a reconnect)
+_SOCKET_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, _Lost,
+                  trio.TooSlowError)
+
+
+class _Waiter:
+    """One pending request (receipt, stat, reply): an event and its outcome."""
+
+    __slots__ = ("event", "value", "error")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def set(self, value: Any = None, error: BaseException | None = None) -> None:
+        if not self.event.is_set():
+            self.value, self.error = value, error
+            self.event.set()
+
+    async def wait(self) -> Any:
+        await self.event.wait()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class ReceivedMessage:
+    """A delivered message.  Wraps the Deliver frame (no copy); ``ack``/``nack`` answer it
+    on the connection generation it arrived on (after a reconnect the broker has
+    requeued it already, so a stale ack is dropped)."""
+
+    __slots__ = ("frame", "_conn", "_gen")
+
+    def __init__(self, frame: Deliver, conn: Connection, gen: int) -> None:
+        self.frame = frame
+        self._conn = conn
+        self._gen = gen
+
+    id = property(lambda self: self.frame.msg, doc="message id (producer:sequence)")
+    dst = property(lambda self: self.frame.dst, doc="destination it was sent to")
+    body = property(lambda self: self.frame.body)
+    headers = property(lambda self: self.frame.headers)
+    persistent = property(lambda self: self.frame.persistent)
+    priority = property(lambda self: self.frame.priority)
+    redelivered = property(lambda self: self.frame.redelivered)
+    reply_to = property(lambda self: self.frame.reply_to)
+    timestamp = property(lambda self: self.frame.timestamp)
+    expires = property(lambda self: self.frame.expires)
+    subscription = property(lambda self: self.frame.sub)
+
+    def ack_nowait(self) -> None:
+        """Acknowledge: the broker deletes the message and returns prefetch credit."""
+        if self._gen == self._conn._gen:
+            self._conn._queue(Ack(self.frame.sub, self.frame.msg))
+
+    async def ack(self) -> None:
+        self.ack_nowait()
+        await trio.lowlevel.checkpoint_if_cancelled()
+
+    async def nack(self) -> None:
+        """Give the message back for redelivery (the DLQ after max redeliveries)."""
+        if self._gen == self._conn._gen:
+            self._conn._queue(Nack(self.frame.sub, self.frame.msg))
+        await trio.lowlevel.checkpoint_if_cancelled()
+
+    async def reply(self, body: bytes, *, headers: dict | None = None) -> str:
+        """Send ``body`` to this message's ``reply_to``, correlated to its id."""
+        if not self.frame.reply_to:
+            raise LocalError(f"message {self.frame.msg} has no reply_to", code="no_reply_to")
+        h = dict(headers) if headers else {}
+        h["correlation_id"] = self.frame.msg
+        return await self._conn.send(self.frame.reply_to, body, headers=h)
+
+    def as_dict(self) -> dict:
+        """JSON-able view (the body decoded as UTF-8 where possible)."""
+        f = self.frame
+        try:
+            body: Any = f.body.decode("utf-8")
+        except UnicodeDecodeError:
+            body = f.body.hex()
+        return {"id": f.msg, "dst": f.dst, "headers": f.headers, "body": body,
+                "persistent": f.persistent, "priority": f.priority,
+                "redelivered": f.redelivered, "reply_to": f.reply_to,
+                "timestamp": f.timestamp, "expires": f.expires}
+
+    def __repr__(self) -> str:
+        return f"<ReceivedMessage {self.frame.msg} {self.frame.dst} {len(self.frame.body)}B>"
+
+
+class Subscription:
+    """A consumer: ``async for msg in sub`` or ``await sub.receive()``.
+
+    Delivered messages wait in a deque.  ``receive`` returns at once (a cancel point, not
+    a schedule point) while messages are queued, so a consumer draining a burst queues
+    all its acks before the writer runs, and they leave in one write."""
+
+    def __init__(self, conn: Connection, sub_id: str, frame: Subscribe) -> None:
+        self.id = sub_id
+        self.frame = frame              # re-sent as is on reconnect
+        self._conn = conn
+        self._queue: deque[ReceivedMessage] = deque()
+        self._arrived = trio.Event()    # set when _queue gained messages or it ended
+        self._ended = False
+        self._error: BaseException | None = None   # why it ended, None = closed by us
+
+    @property
+    def destination(self) -> str:
+        return self.frame.dst
+
+    @property
+    def queued(self) -> int:
+        """Messages delivered to this client and not yet taken by the application."""
+        return len(self._queue)
+
+    def _push(self, msg: ReceivedMessage) -> None:
+        self._queue.append(msg)
+        self._arrived.set()
+
+    async def _next(self) -> ReceivedMessage | None:
+        queue = self._queue
+        while not queue:
+            if self._ended:
+                return None
+            self._arrived = trio.Event()
+            await self._arrived.wait()
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return queue.popleft()
+
+    async def receive(self) -> ReceivedMessage:
+        """The next message; raises ConnectionClosed (or the broker's error) once the
+        subscription is over and its queue drained."""
+        msg = await self._next()
+        if msg is None:
+            raise self._error or ConnectionClosed(f"subscription {self.id} is closed")
+        return msg
+
+    def receive_nowait(self) -> ReceivedMessage:
+        """The next queued message or ``trio.WouldBlock``."""
+        if self._queue:
+            return self._queue.popleft()
+        if self._ended:
+            raise self._error or ConnectionClosed(f"subscription {self.id} is closed")
+        raise trio.WouldBlock
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> ReceivedMessage:
+        msg = await self._next()
+        if msg is None:
+            if self._error is not None:
+                raise self._error
+            raise StopAsyncIteration
+        return msg
+
+    async def close(self) -> None:
+        """Unsubscribe; undelivered prefetched messages go back to the broker."""
+        if self._conn._subs.pop(self.id, None) is not None:
+            self._conn._queue(Unsubscribe(self.id))
+            self._end(None)
+        await trio.lowlevel.checkpoint()
+
+    def _end(self, error: BaseException | None) -> None:
+        if not self._ended:
+            self._ended = True
+            self._error = error
+        self._arrived.set()
+
+
+class Connection:
+    """One application connection (see the module docstring).  Create with ``connect``."""
+
+    def __init__(self, uri: str, *, client_id: str | None = None,
+                 max_frame: int = DEFAULT_MAX_FRAME, high_water: int = 8192,
+                 max_unconfirmed: int = 8192) -> None:
+        target = parse_uri(uri)
+        if not isinstance(target, (Endpoint, Failover)):
+            raise LocalError(f"{uri!r}: a client connects to tcp:// or failover:",
+                             code="bad_uri")
+        self.uri = uri
+        self.client_id = client_id
+        self._target = target
+        self._producer = f"{client_id or 'p'}-{uuid.uuid4().hex[:12]}"
+        self._seq = 0
+        self._sub_seq = 0
+        self._max_frame = max_frame
+        self._high_water = high_water
+        self._max_unconfirmed = max_unconfirmed
+        self._rng = random.Random()
+        # -- outgoing
+        self._out: list = []                      # frames queued for the writer
+        self._wake = trio.Event()                 # set when _out gained frames
+        self._room = trio.Event()                 # set when the writer took a full batch
+        self._flushed = trio.Event()              # set when _out is empty and written
+        self._writing = False                     # a send_all is in progress
+        # -- connection state
+        self._gen = 0                             # socket generation, bumped per connect
+        self._ready = trio.Event()                # set while a handshaken socket is live
+        self._stream: FramedStream | None = None
+        self._closed: ConnectionClosed | None = None   # set once: the connection is over
+        self._closing = False                     # aclose() was called
+        self.broker_hello: Hello | None = None    # the broker's hello on the current socket
+        self.endpoint: Endpoint | None = None     # where the current socket goes
+        self.reconnects = 0                       # successful reconnects after the first
+        self._lost: BaseException | None = None   # why the current socket ended
+        # -- requests in flight
+        self._unconfirmed: dict[str, Send] = {}   # persistent sends without a receipt
+        self._receipt_waiters: dict[str, _Waiter] = {}
+        self._confirm_room = trio.Event()
+        self._refused: deque[RemoteError] = deque(maxlen=1000)  # pipelined sends refused
+        self._stat_waiters: deque[_Waiter] = deque()
+        self._subs: dict[str, Subscription] = {}
+        self._reply_sub: Subscription | None = None
+        self._reply_waiters: dict[str, _Waiter] = {}
+        self.confirmed_total = 0                  # receipts received for persistent sends
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def producer_id(self) -> str:
+        return self._producer
+
+    @property
+    def connected(self) -> bool:
+        """A handshaken socket is live (False while failing over and once closed)."""
+        return self._ready.is_set() and self._closed is None
+
+    def unconfirmed(self) -> list[str]:
+        """Ids of persistent sends not confirmed yet, in send order."""
+        return list(self._unconfirmed)
+
+    def next_id(self) -> str:
+        self._seq += 1
+        return f"{self._producer}:{self._seq}"
+
+    def send_nowait(self, dst: str, body: bytes | str = b"", *, headers: dict | None = None,
+                    persistent: bool = False, priority: int = 4, ttl: int = 0,
+                    reply_to: str | None = None, msg_id: str | None = None) -> str:
+        """Queue a send without waiting; returns the message id.  A persistent send is
+        tracked until its receipt (see ``wait_confirmed``).  Raises ``trio.WouldBlock``
+        when disconnected or over a high-water mark, ConnectionClosed when closed."""
+        self._check_open()
+        if (not self._ready.is_set() or len(self._out) >= self._high_water
+                or (persistent and len(self._unconfirmed) >= self._max_unconfirmed)):
+            raise trio.WouldBlock
+        return self._send_frame(dst, body, headers, persistent, priority, ttl, reply_to,
+                                msg_id)
+
+    async def send(self, dst: str, body: bytes | str = b"", *, headers: dict | None = None,
+                   persistent: bool = False, priority: int = 4, ttl: int = 0,
+                   reply_to: str | None = None, confirm: bool | None = None,
+                   msg_id: str | None = None) -> str:
+        """Send a message; returns its id.  ``ttl`` in milliseconds.  A persistent send
+        waits for the broker's receipt (the message is committed) unless
+        ``confirm=False``, which only waits for room and leaves the receipt to
+        ``wait_confirmed``.  Raises the broker's RemoteError if it refuses the send.
+
+        A send that does not wait for a receipt returns once queued: the frame leaves
+        when this task next yields (it yields by itself every 256 queued frames, so the
+        writer sends big batches) or at ``flush()``."""
+        while True:
+            self._check_open()
+            if not self._ready.is_set():
+                await self._wait_ready()
+            elif len(self._out) >= self._high_water:
+                await self._room.wait()
+            elif persistent and len(self._unconfirmed) >= self._max_unconfirmed:
+                await self._confirm_room.wait()
+            else:
+                break
+        msg_id = self._send_frame(dst, body, headers, persistent, priority, ttl, reply_to,
+                                  msg_id)
+        if persistent and confirm is not False:
+            waiter = self._receipt_waiters[msg_id] = _Waiter()
+            await waiter.wait()
+        elif len(self._out) >= _WRITE_BATCH:
+            await trio.lowlevel.checkpoint()   # let the writer take a full batch
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        return msg_id
+
+    async def wait_confirmed(self) -> None:
+        """Wait until every persistent send so far is confirmed.  Raises the first
+        refusal of a pipelined send since the last call, or ConnectionClosed."""
+        while self._unconfirmed:
+            self._check_open()
+            last = next(reversed(self._unconfirmed))
+            waiter = self._receipt_waiters.get(last)
+            if waiter is None:
+                waiter = self._receipt_waiters[last] = _Waiter()
+            try:
+                await waiter.wait()
+            except RemoteError:
+                pass  # reported below with the other refusals
+        if self._refused:
+            first = self._refused.popleft()
+            self._refused.clear()
+            raise first
+        await trio.lowlevel.checkpoint()
+
+    async def subscribe(self, dst: str, *, selector: str | None = None,
+                        prefetch: int = 100, priority: int = 0) -> Subscription:
+        """Open a consumer; returns once the broker confirmed it.  Raises the broker's
+        error, e.g. SelectorError (with ``position``) for a bad selector."""
+        self._check_open()
+        if not self._ready.is_set():
+            await self._wait_ready()
+        self._sub_seq += 1
+        sub_id = f"s{self._sub_seq}"
+        frame = Subscribe(sub_id, dst, selector, prefetch, priority)
+        sub = self._subs[sub_id] = Subscription(self, sub_id, frame)
+        waiter = self._receipt_waiters[sub_id] = _Waiter()
+        self._queue(frame)
+        try:
+            await waiter.wait()
+        except BaseException as exc:
+            if self._subs.pop(sub_id, None) is not None:
+                sub._end(None)
+                if not isinstance(exc, RemoteError) and self.connected:
+                    # cancelled while the broker may already hold the consumer
+                    self._queue(Unsubscribe(sub_id))
+            raise
+        return sub
+
+    async def request(self, dst: str, body: bytes | str = b"", *, timeout: float = 10.0,
+                      headers: dict | None = None, persistent: bool = False,
+                      ) -> ReceivedMessage:
+        """Send to ``dst`` with a reply_to of this connection's temporary queue and wait
+        for the reply carrying ``correlation_id`` = the request's id (``msg.reply``
+        does that).  Raises trio.TooSlowError after ``timeout`` seconds."""
+        if self._reply_sub is None:
+            # named by a uuid: the client id may hold characters a name cannot
+            sub = await self.subscribe(f"temp-queue://replies.{uuid.uuid4().hex}",
+                                       prefetch=1000)
+            if self._reply_sub is None:
+                self._reply_sub = sub
+            else:
+                await sub.close()
+        msg_id = self.next_id()
+        waiter = self._reply_waiters[msg_id] = _Waiter()
+        try:
+            with trio.fail_after(timeout):
+                await self.send(dst, body, headers=headers, persistent=persistent,
+                                reply_to=self._reply_sub.frame.dst, msg_id=msg_id)
+                return await waiter.wait()
+        finally:
+            self._reply_waiters.pop(msg_id, None)
+
+    async def stat(self, what: str = "all") -> dict:
+        """The broker's statistics (connections, destinations, consumers, links)."""
+        self._check_open()
+        if not self._ready.is_set():
+            await self._wait_ready()
+        waiter = _Waiter()
+        self._stat_waiters.append(waiter)
+        self._queue(StatRequest(what))
+        return await waiter.wait()
+
+    async def flush(self) -> None:
+        """Wait until every queued frame has been written to the socket."""
+        while self._out or self._writing:
+            self._check_open()
+            await self._flushed.wait()
+        await trio.lowlevel.checkpoint()
+
+    async def aclose(self) -> None:
+        """Flush (bounded), say bye, close the socket.  Idempotent."""
+        if self._closing:
+            return
+        self._closing = True
+        if self._closed is None and self._ready.is_set():
+            self._queue(Bye("client closing"))
+            with trio.move_on_after(2):
+                try:
+                    await self.flush()
+                except ConnectionClosed:
+                    pass
+        self._fail(ConnectionClosed("connection closed by the application"))
+
+    # ------------------------------------------------------------------ internals
+    def _check_open(self) -> None:
+        if self._closed is not None:
+            raise self._closed
+
+    async def _wait_ready(self) -> None:
+        # _ready is replaced on disconnect; the failure path sets it to wake waiters
+        await self._ready.wait()
+        self._check_open()
+
+    def _queue(self, frame: Any) -> None:
+        self._out.append(frame)
+        self._wake.set()
+
+    def _send_frame(self, dst: str, body: bytes | str, headers: dict | None,
+                    persistent: bool, priority: int, ttl: int, reply_to: str | None,
+                    msg_id: str | None) -> str:
+        if msg_id is None:
+            self._seq += 1
+            msg_id = f"{self._producer}:{self._seq}"
+        if type(body) is str:
+            body = body.encode("utf-8")
+        frame = Send(dst, msg_id, headers if headers is not None else {}, body, persistent,
+                     priority, ttl, reply_to, persistent)
+        if persistent:
+            self._unconfirmed[msg_id] = frame
+        self._out.append(frame)
+        self._wake.set()
+        return msg_id
+
+    def _fail(self, error: ConnectionClosed) -> None:
+        """The connection is over for good: wake every waiter with ``error``."""
+        if self._closed is None:
+            self._closed = error
+        error = self._closed
+        for waiter in self._receipt_waiters.values():
+            waiter.set(error=error)
+        self._receipt_waiters.clear()
+        for waiter in self._reply_waiters.values():
+            waiter.set(error=error)
+        while self._stat_waiters:
+            self._stat_waiters.popleft().set(error=error)
+        for sub in self._subs.values():
+            sub._end(None if self._closing else error)
+        self._ready.set()          # waiters wake and see _closed
+        self._room.set()
+        self._confirm_room.set()
+        self._flushed.set()
+        self._wake.set()
+
+    async def _supervise(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Dial, handshake, run reader+writer; on loss reconnect per the URI's back-off."""
+        target = self._target
+        backoff = backoff_for(target)
+        endpoints = list(target.endpoints)
+        randomize = isinstance(target, Failover) and target.randomize
+        started = False
+        last_error: BaseException | None = None
+        try:
+            while not self._closing:
+                delay = backoff.next_delay(self._rng)
+                if delay is None:
+                    raise ConnectionClosed(
+                        f"cannot connect to {self.uri}: {last_error or 'no attempts left'}")
+                if delay:
+                    await trio.sleep(delay)
+                # one attempt = one sweep over the endpoints; the one we just lost goes
+                # last, so a broker that keeps dropping us is not retried first (both as
+                # in ActiveMQ's failover transport)
+                order = self._rng.sample(endpoints, len(endpoints)) if randomize \
+                    else list(endpoints)
+                if self.endpoint is not None and len(order) > 1:
+                    order.remove(self.endpoint)
+                    order.append(self.endpoint)
+                opened = None
+                for endpoint in order:
+                    try:
+                        opened = await self._open(endpoint)
+                        break
+                    except _SOCKET_ERRORS as exc:
+                        last_error = exc
+                    except RemoteError as exc:
+                        if exc.code != "unreachable":
+                            raise
+                        last_error = exc
+                if opened is None:
+                    continue
+                framed, early, hello, endpoint = opened
+                backoff.connected(trio.current_time())
+                if started:
+                    self.reconnects += 1
+                self._install(framed, hello, endpoint)
+                if not started:
+                    started = True
+                    task_status.started()
+                self._lost = None
+                try:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._read_loop, framed, early, nursery)
+                        nursery.start_soon(self._write_loop, framed, nursery)
+                finally:
+                    self._uninstall()
+                    with trio.CancelScope(shield=True):
+                        await trio.aclose_forcefully(framed.stream)
+                last_error = self._lost
+                backoff.disconnected(trio.current_time())
+                if not isinstance(target, Failover):
+                    raise ConnectionClosed(f"connection to {self.uri} lost: {last_error}")
+        except RemoteError as exc:  # the broker refused our hello: retrying cannot help
+            self._fail(ConnectionClosed(f"{self.uri} refused the connection: {exc}"))
+            if not started:
+                task_status.started(exc)
+        except ConnectionClosed as exc:
+            self._fail(exc)
+            if not started:
+                task_status.started(exc)
+        finally:
+            if self._closed is None:
+                self._fail(ConnectionClosed("connection closed"))
+
+    async def _open(self, endpoint: Endpoint) -> tuple:
+        stream = await open_tcp(endpoint)
+        framed = FramedStream(stream, self._max_frame, receive_size=_RECEIVE_SIZE)
+        try:
+            await framed.send_frame(Hello(PROTOCOL_VERSION, "client", name=self.client_id))
+            with trio.fail_after(30):
+                try:
+                    frames = await framed.receive_frames()
+                except trio.EndOfChannel:
+                    raise _Lost("broker closed the connection during the handshake") \
+                        from None
+            first = frames[0]
+            if type(first) is Error:
+                raise remote_error(first)
+            hello = check_hello(first, PROTOCOL_VERSION, ("broker",))
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+            raise
+        return framed, frames[1:], hello, endpoint
+
+    def _install(self, stream: FramedStream, hello: Hello, endpoint: Endpoint) -> None:
+        """A fresh socket: replay subscriptions and unconfirmed sends before anything
+        queued while we were away (which is dropped: see the module docstring)."""
+        self._gen += 1
+        self._stream = stream
+        self.broker_hello = hello
+        self.endpoint = endpoint
+        replay: list = [sub.frame for sub in self._subs.values()]
+        replay += self._unconfirmed.values()
+        self._out = replay
+        self._writing = False
+        self._ready.set()
+        self._wake.set()
+
+    def _uninstall(self) -> None:
+        self._stream = None
+        self._ready = trio.Event()
+        self._out = []
+        self._writing = False
+        # stats and replies cannot survive the socket; receipts are re-earned by replay
+        while self._stat_waiters:
+            self._stat_waiters.popleft().set(error=ConnectionClosed("connection lost"))
+        self._flushed.set()
+        self._flushed = trio.Event()
+        self._room.set()
+        self._room = trio.Event()
+
+    async def _write_loop(self, framed: FramedStream, nursery: trio.Nursery) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                frames = self._out
+                if not frames:
+                    continue
+                self._out = []
+                if len(frames) >= self._high_water:
+                    self._room.set()
+                    self._room = trio.Event()
+                self._writing = True
+                await framed.send_frames(frames)
+                self._writing = False
+                if not self._out:
+                    self._flushed.set()
+                    self._flushed = trio.Event()
+        except _SOCKET_ERRORS as exc:
+            self._lost = self._lost or exc
+        finally:
+            nursery.cancel_scope.cancel()
+
+    async def _read_loop(self, framed: FramedStream, frames: list,
+                         nursery: trio.Nursery) -> None:
+        gen = self._gen
+        subs = self._subs
+        try:
+            while True:
+                for frame in frames:
+                    if type(frame) is Deliver:
+                        sub = subs.get(frame.sub)
+                        if sub is None:
+                            continue  # closed meanwhile: the broker requeues it
+                        msg = ReceivedMessage(frame, self, gen)
+                        if sub is self._reply_sub:
+                            self._route_reply(msg)
+                        else:
+                            sub._push(msg)
+                    else:
+                        self._dispatch(frame)
+                if len(self._unconfirmed) < self._max_unconfirmed:
+                    self._confirm_room.set()
+                    self._confirm_room = trio.Event()
+                frames = await framed.receive_frames()
+        except trio.EndOfChannel:
+            self._lost = self._lost or _Lost("broker closed the connection")
+        except FrameError as exc:
+            self._lost = self._lost or _Lost(f"malformed frame from the broker: {exc}")
+        except _SOCKET_ERRORS as exc:
+            self._lost = self._lost or exc
+        finally:
+            nursery.cancel_scope.cancel()
+
+    def _route_reply(self, msg: ReceivedMessage) -> None:
+        msg.ack_nowait()
+        waiter = self._reply_waiters.get(msg.headers.get("correlation_id"))
+        if waiter is not None:
+            waiter.set(msg)
+
+    def _dispatch(self, frame: Any) -> None:
+        kind = type(frame)
+        if kind is Receipt:
+            if self._unconfirmed.pop(frame.id, None) is not None:
+                self.confirmed_total += 1
+            waiter = self._receipt_waiters.pop(frame.id, None)
+            if waiter is not None:
+                waiter.set()
+        elif kind is Error:
+            self._on_error(frame)
+        elif kind is StatReply:
+            if self._stat_waiters:
+                self._stat_waiters.popleft().set(frame.data)
+        elif kind is Ping:
+            self._queue(Pong(frame.token))
+        elif kind is Bye:
+            raise _Lost(f"broker said bye: {frame.reason}")
+        # Pong and anything else a client has no use for are ignored
+
+    def _on_error(self, frame: Error) -> None:
+        exc = remote_error(frame)
+        ref = frame.ref
+        if ref is None:
+            raise _Lost(f"broker closed the connection: [{frame.code}] {frame.message}") \
+                from exc
+        waiter = self._receipt_waiters.pop(ref, None)
+        if self._unconfirmed.pop(ref, None) is not None and waiter is None:
+            self._refused.append(exc)
+        sub = self._subs.get(ref)
+        if sub is not None and waiter is None:   # an open subscription was ended
+            del self._subs[ref]
+            sub._end(exc)
+        elif sub is not None:
+            del self._subs[ref]
+        if waiter is not None:
+            waiter.set(error=exc)
+        else:
+            reply = self._reply_waiters.get(ref)
+            if reply is not None:
+                reply.set(error=exc)
+
+
+@asynccontextmanager
+async def connect(uri: str, *, client_id: str | None = None, **options: Any,
+                  ) -> AsyncIterator[Connection]:
+    """``async with connect("tcp://127.0.0.1:61616") as conn:`` — connected and
+    handshaken on entry; flushed, bye sent and closed on exit.  ``options``:
+    ``max_frame``, ``high_water``, ``max_unconfirmed``.  Raises ConnectionClosed when
+    no broker can be reached, the broker's RemoteError when it refuses our hello."""
+    conn = Connection(uri, client_id=client_id, **options)
+    failure = None
+    try:
+        async with trio.open_nursery() as nursery:
+            # the supervisor reports a failed first connection instead of raising it,
+            # so it reaches the caller as itself rather than inside an ExceptionGroup
+            failure = await nursery.start(conn._supervise)
+            if failure is None:
+                try:
+                    yield conn
+                finally:
+                    try:
+                        await conn.aclose()
+                    finally:
+                        nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # Background tasks never raise, so a group holds the body's own exception:
+        # give it back unwrapped, as a plain `async with` would.
+        if len(group.exceptions) != 1:
+            raise
+        inner = group.exceptions[0]
+        inner.__suppress_context__ = True
+        raise inner
+    if failure is not None:
+        raise failure

@@ -1,0 +1,689 @@
+"""BrokerNode: the trio shell that runs one site's broker around a pure ``federation.Site``.
+
+Theory of operation
+-------------------
+Actor shape.  ONE site task owns the Site (and through it the core Broker); nothing else
+ever calls into them.  Every connection — client or broker link, accepted or dialed —
+has a reader task and a writer task:
+
+* the reader takes every complete frame of each received chunk (``FramedStream``) and
+  pushes ``(conn, frames)`` into one bounded memory channel, the *inbox*; a full inbox
+  stops the readers, so TCP pushes back on producers instead of memory growing;
+* the writer sleeps until its connection's outgoing list is non-empty, then encodes the
+  whole list and writes it with ONE ``send_all``.
+
+The site task awaits the inbox once, then takes whatever else is already there without
+waiting — that is the *batch*.  It feeds each frame to the Site and performs the returned
+actions with the batching guarantee of ``core/actions.py``: all StoreMessage /
+DeleteMessage of the batch go to the store in ONE ``store.apply`` (in a worker thread:
+group commit), and only afterwards are the batch's Outs and Closes queued to writers, so
+a Receipt always means "committed".  While a commit runs, new input piles up in the
+inbox and becomes the next, larger batch.  Timers (expiry) run in the same task at
+``site.next_deadline()``.
+
+Invariants:
+
+* The site task never blocks on a peer: queueing an Out is a list append.  A connection
+  whose queue passes its high-water mark (a consumer that stopped reading) is closed with
+  an ``overflow`` error instead of buffering without bound.
+* The first frame on every connection must be a Hello of our protocol version; anything
+  else gets an Error frame and that connection — only that one — is closed.  So does
+  malformed input (the decoder's FrameError).  Closing flushes the queue, half-closes,
+  and drains what the peer still sends for a moment, so the Error frame is not lost to a
+  TCP reset.
+* A broker link is identified ``L:<link>:<peer>`` once its hello names the peer; a
+  client is ``c<n>``.  The Site learns of a connection only after its hello
+  (``client_connected`` / ``link_up``) and forgets it exactly once (``client_closed`` /
+  ``link_down``).
+* Liveness: a connection has ``HELLO_TIMEOUT`` to say hello; with
+  ``heartbeat_interval`` set, idle connections are pinged and one that leaves a ping
+  unanswered for an interval is torn down.  Dialed links reconnect with the back-off of
+  their URI (``static:`` defaults for a bare ``tcp://``), jittered, and show their state
+  (waiting / connecting / operational / failed) and last error in ``statistics()``.
+* Only this package sleeps: back-off, heartbeats, lingering closes, the expiry timer.
+  ``now`` handed to the Site is epoch seconds (``time.time()``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from treefed.config import BrokerConfig
+from treefed.core.actions import Close, DeleteMessage, Log, Out, Pause, Resume, StoreMessage
+from treefed.core.broker import Broker
+from treefed.errors import FrameError, RemoteError, StoreError, TreefedError
+from treefed.federation.settings import KINDS, LinkSettings
+from treefed.federation.site import Site
+from treefed.log import get_logger
+from treefed.persistence import MemoryStore
+from treefed.transport.backoff import backoff_for
+from treefed.transport.framed import FramedStream
+from treefed.transport.streams import connect_with_retry, open_tcp, serve_tcp
+from treefed.transport.uri import Endpoint, Failover, Static, parse_uri
+from treefed.wire.codec import check_hello
+from treefed.wire.frames import (PROTOCOL_VERSION, Bye, Error, Hello, Ping, Pong, Receipt,
+                                 StatReply, StatRequest)
+
+__all__ = ["BrokerNode", "Dialer", "CLIENT_HIGH_WATER", "LINK_HIGH_WATER"]
+
+#: Outgoing frames a connection may have queued before it is closed as too slow.  A
+#: well-behaved consumer never gets near: prefetch credit bounds its deliveries.
+CLIENT_HIGH_WATER = 50_000
+LINK_HIGH_WATER = 200_000
+#: Inbox capacity in reader pushes (each push is one received chunk's frames).
+INBOX_SIZE = 256
+#: Most inbox items folded into one batch, so one huge burst cannot starve the timers.
+MAX_BATCH = 512
+#: Seconds a closing connection may take to flush and to be closed by its peer.
+LINGER = 2.0
+#: Seconds a new connection has to send its hello.
+HELLO_TIMEOUT = 30.0
+#: +/- fraction applied to reconnect delays of dialed links.
+RECONNECT_JITTER = 0.1
+
+_EOF = object()          # inbox marker: the peer closed or the socket broke
+_PENDING, _CLIENT, _LINK = "pending", "client", "link"
+_SOCKET_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+class _Conn:
+    """One connection's shell-side state.  ``out`` is only appended to by the site task
+    (and heartbeats); the writer swaps it for a fresh list when it wakes."""
+
+    __slots__ = ("id", "kind", "framed", "out", "wake", "high_water", "paused", "resume",
+                 "closing", "dead", "writer_done", "hello", "dialer", "peer",
+                 "remote", "opened", "last_rx", "pinged")
+
+    def __init__(self, conn_id: str, framed: FramedStream, remote: str,
+                 dialer: Dialer | None) -> None:
+        self.id = conn_id
+        self.kind = _PENDING
+        self.framed = framed
+        self.out: list = []                 # frames waiting for the writer
+        self.wake = trio.Event()            # set when out gained frames or closing began
+        self.high_water = CLIENT_HIGH_WATER
+        self.paused = False                 # producer flow control: reader holds off
+        self.resume = trio.Event()
+        self.closing = False                # flush, half-close, then end
+        self.dead = False                   # the Site has forgotten it
+        self.writer_done = trio.Event()
+        self.hello: Hello | None = None     # the peer's hello
+        self.dialer = dialer                # set on links we dialed
+        self.peer: str | None = None        # broker id of a link's peer
+        self.remote = remote                # "host:port" of the peer, for stat
+        self.opened = time.time()
+        self.last_rx = trio.current_time()  # heartbeats: when we last heard from it
+        self.pinged: float | None = None    # heartbeats: when we last pinged it
+
+    def queue(self, frame: Any) -> None:
+        self.out.append(frame)
+        self.wake.set()
+
+
+@dataclasses.dataclass(eq=False)
+class Dialer:
+    """One outgoing broker link (a tree connector, or one endpoint of a network
+    connector) and what ``stat`` shows about it."""
+
+    settings: LinkSettings
+    target: Failover | Static       # with the reconnect options the link uses
+    uri: str
+    state: str = "waiting"          # waiting | connecting | operational | failed (as
+    #                                 qpid-route shows links): failed = gave up
+    endpoint: str | None = None     # where the current/last attempt went
+    peer: str | None = None
+    conn: str | None = None
+    attempts: int = 0
+    connects: int = 0
+    last_error: str | None = None
+
+    def status(self) -> dict:
+        return {"connector": self.settings.kind, "name": self.settings.name,
+                "uri": self.uri, "state": self.state, "endpoint": self.endpoint,
+                "peer": self.peer, "conn": self.conn, "attempts": self.attempts,
+                "connects": self.connects, "last_error": self.last_error}
+
+
+def _dial_targets(uri: str, key: str) -> list[tuple[Failover | Static, str]]:
+    """A connector URI -> (reconnecting target, what stat calls it) per link.  ``static:``
+    lists become one link per endpoint (as in ActiveMQ); a bare endpoint reconnects with
+    the static agent's defaults, since a broker link must come back after its peer
+    restarts."""
+    target = parse_uri(uri, key=key)
+    if isinstance(target, Endpoint):
+        return [(Static((target,)), uri)]
+    if isinstance(target, Static):
+        return [(dataclasses.replace(target, endpoints=(ep,)), str(ep))
+                for ep in target.endpoints]
+    return [(target, uri)]
+
+
+class BrokerNode:
+    """One site's broker: listeners, dialed links, the site task (see module doc)."""
+
+    def __init__(self, config: BrokerConfig, *, store: Any = None,
+                 rng: random.Random | None = None,
+                 event_sink: Callable[[str, dict], None] | None = None,
+                 open_stream: Callable[[Endpoint], Awaitable[trio.abc.Stream]] | None = None,
+                 ) -> None:
+        # Hooks for the scenario engines (scenario/engines/live.py): ``event_sink(event,
+        # fields)`` receives every Log action instead of structlog; ``open_stream(endpoint)``
+        # dials broker links instead of TCP (in-memory links, cut links).
+        self._event_sink = event_sink
+        self._open_stream = open_stream
+        b = config.broker
+        self.config = config
+        self.broker_id = b.id
+        self.store = store if store is not None else MemoryStore()
+        self._threaded_store = not isinstance(self.store, MemoryStore)
+        broker = Broker(b.id, config.policy_set(), max_redeliveries=b.max_redeliveries,
+                        dlq=b.dlq, log_messages=config.logging.message_events)
+        tree = config.tree_connector.tree_settings() if config.tree_connector else None
+        self.site = Site(b.id, broker=broker, tree=tree,
+                         accept_tree_children=b.accept_tree_children, log_advisories=True)
+        self.log = get_logger(broker=b.id)
+        self._message_events = config.logging.message_events
+        self._rng = rng or random.Random()
+        self._conns: dict[str, _Conn] = {}
+        self._next_conn = 0
+        self._inbox_send, self._inbox = trio.open_memory_channel[tuple](INBOX_SIZE)
+        self.addresses: list[tuple[str, int]] = []
+        self.dialers: list[Dialer] = []
+        for settings, uri, key in self._connectors():
+            for target, name in _dial_targets(uri, key):
+                self.dialers.append(Dialer(settings, target, name))
+        self._stopping = False
+        self._stopped = trio.Event()
+        self._batch_lock = trio.Lock()  # held while a batch is handled and committed
+        self.batches = 0            # site-task batches handled (stat, tests)
+        self.commits = 0            # store transactions
+
+    def _connectors(self) -> list[tuple[LinkSettings, str, str]]:
+        out = []
+        tc = self.config.tree_connector
+        if tc is not None:
+            out.append((tc.link_settings(), tc.uri, "tree_connector.uri"))
+        for i, nc in enumerate(self.config.network_connectors):
+            out.append((nc.link_settings(), nc.uri, f"network_connector[{i}].uri"))
+        return out
+
+    # ------------------------------------------------------------------ lifecycle
+    def restore(self) -> int:
+        """Put the store's messages back on their queues (call before ``serve``).
+        Returns how many were loaded."""
+        messages = self.store.load()
+        actions = self.site.broker.restore(messages, time.time())
+        deletes = [(a.msg_id, a.dst) for a in actions if type(a) is DeleteMessage]
+        if deletes:
+            self.store.apply([], deletes)
+        self.log.info("broker.restored", messages=len(messages), discarded=len(deletes))
+        return len(messages)
+
+    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen, dial, run the site task until cancelled (or ``shutdown``).
+        ``task_status.started`` gets the bound ``[(host, port), ...]``."""
+        b = self.config.broker
+        self.log.info("broker.info", role=self.site.node_type,
+                      node_type=self.site.node_type,
+                      parent=self.config.tree_connector.uri if self.config.tree_connector
+                      else None)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._site_loop)
+            for i, text in enumerate(b.listen):
+                ep = parse_uri(text, key=f"broker.listen[{i}]", listen=True)
+                port = await nursery.start(serve_tcp, self._accept, ep.host, ep.port)
+                self.addresses.append((ep.host, port))
+                self.log.info("broker.listening", uri=f"tcp://{ep.host}:{port}")
+            for dialer in self.dialers:
+                nursery.start_soon(self._dial_loop, dialer)
+            if b.heartbeat_interval > 0:
+                nursery.start_soon(self._heartbeats, b.heartbeat_interval)
+            task_status.started(list(self.addresses))
+            await self._stopped.wait()
+            nursery.cancel_scope.cancel()
+
+    async def shutdown(self, timeout: float = 5.0) -> None:
+        """Graceful stop: no new connections or dials, ``bye`` to everyone, flush, close.
+        ``serve`` returns afterwards (listeners and tasks are cancelled then)."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self.log.info("broker.stopping", connections=len(self._conns))
+        with trio.move_on_after(timeout):
+            # let the batch in hand commit and queue its receipts, then start no other
+            await self._batch_lock.acquire()
+            for c in list(self._conns.values()):
+                if not c.closing:
+                    c.queue(Bye("broker shutting down"))
+                    c.closing = True
+                    c.resume.set()
+            for c in list(self._conns.values()):
+                await c.writer_done.wait()
+        self._stopped.set()
+        await trio.lowlevel.checkpoint()
+
+    # ------------------------------------------------------------------ connections
+    def _new_id(self, prefix: str = "c") -> str:
+        self._next_conn += 1
+        return f"{prefix}{self._next_conn}"
+
+    async def _accept(self, stream: trio.abc.Stream) -> None:
+        if self._stopping:
+            return
+        await self._run_conn(stream, None)
+
+    async def serve_stream(self, stream: trio.abc.Stream) -> None:
+        """Serve one already-connected stream as an accepted connection (an in-memory
+        listener), closing it at the end.  Run it in a nursery the node's life bounds."""
+        try:
+            await self._accept(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, RemoteError):
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _run_conn(self, stream: trio.abc.Stream, dialer: Dialer | None) -> None:
+        try:
+            host, port = stream.socket.getpeername()[:2]
+            remote = f"{host}:{port}"
+        except (AttributeError, OSError):
+            remote = "?"
+        c = _Conn(self._new_id(), FramedStream(stream, self.config.broker.max_frame_bytes),
+                  remote, dialer)
+        if dialer is not None:
+            c.queue(self.site.hello(dialer.settings))
+        self._conns[c.id] = c
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._writer, c, nursery)
+                await self._reader(c)
+                with trio.move_on_after(LINGER):
+                    await c.writer_done.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            if self._conns.get(c.id) is c and c.dead:
+                del self._conns[c.id]
+            c.writer_done.set()
+
+    async def _reader(self, c: _Conn) -> None:
+        framed, inbox = c.framed, self._inbox_send
+        try:
+            # a peer that connects and never says hello must not hold a socket forever
+            with trio.move_on_after(HELLO_TIMEOUT) as hello_wait:
+                frames = await framed.receive_frames()
+            if hello_wait.cancelled_caught:
+                raise FrameError(f"no hello within {HELLO_TIMEOUT:g} s",
+                                 code="hello_timeout")
+            c.last_rx = trio.current_time()
+            await inbox.send((c, frames))
+            while not c.closing:
+                if c.paused:
+                    await c.resume.wait()
+                    continue
+                frames = await framed.receive_frames()
+                c.last_rx = trio.current_time()
+                await inbox.send((c, frames))
+        except FrameError as exc:
+            await inbox.send((c, exc))
+        except (trio.EndOfChannel, *_SOCKET_ERRORS):
+            await inbox.send((c, _EOF))
+            return
+        # Closing (our decision or malformed input): read and discard until the peer
+        # closes, so the kernel does not answer its unread bytes with a reset that would
+        # destroy our error frame in flight.  The writer's linger bounds this.
+        try:
+            while await framed.stream.receive_some(65536):
+                pass
+        except _SOCKET_ERRORS:
+            pass
+
+    async def _writer(self, c: _Conn, nursery: trio.Nursery) -> None:
+        framed = c.framed
+        try:
+            while True:
+                await c.wake.wait()
+                c.wake = trio.Event()
+                if c.out:
+                    frames, c.out = c.out, []
+                    await framed.send_frames(frames)
+                    if c.out:
+                        continue
+                if c.closing:
+                    break
+            try:
+                await framed.stream.send_eof()
+            except (AttributeError, *_SOCKET_ERRORS):
+                pass
+        except _SOCKET_ERRORS:
+            pass
+        finally:
+            c.writer_done.set()
+        await trio.sleep(LINGER)
+        nursery.cancel_scope.cancel()
+
+    # ------------------------------------------------------------------ dialing
+    async def _dial_loop(self, dialer: Dialer) -> None:
+        # jitter spreads the reconnects of thousands of stores after a parent restarts
+        backoff = backoff_for(dialer.target, jitter=RECONNECT_JITTER)
+
+        async def open_stream(endpoint: Endpoint, *, connect_timeout: float | None,
+                              ) -> trio.abc.Stream:
+            dialer.state = "connecting"
+            dialer.endpoint = str(endpoint)
+            if self._open_stream is not None:
+                return await self._open_stream(endpoint)
+            return await open_tcp(endpoint, connect_timeout=connect_timeout)
+
+        def on_attempt(endpoint: Endpoint, attempt: int, error: RemoteError | None) -> None:
+            dialer.attempts += 1
+            if error is not None:
+                dialer.state = "waiting"
+                dialer.last_error = error.message
+                self.log.info("link.dial_failed", link=dialer.settings.name,
+                              endpoint=str(endpoint), error=error.message)
+
+        while not self._stopping:
+            try:
+                stream, _ = await connect_with_retry(dialer.target, backoff, self._rng,
+                                                     on_attempt=on_attempt,
+                                                     open_stream=open_stream)
+            except RemoteError as exc:
+                dialer.state = "failed"
+                dialer.last_error = exc.message
+                self.log.warning("link.gave_up", link=dialer.settings.name,
+                                 uri=dialer.uri, error=exc.message)
+                return
+            try:
+                await self._run_conn(stream, dialer)   # hello, then operational
+            finally:
+                await trio.aclose_forcefully(stream)
+                dialer.state = "waiting"
+                dialer.conn = None
+            backoff.disconnected(trio.current_time())
+
+    async def _heartbeats(self, interval: float) -> None:
+        """Ping idle connections (links and clients; both answer pings) and tear down
+        one silent for 2 intervals: a peer that half-opened and vanished.  A paused
+        producer is exempt: we are the ones not reading it."""
+        while True:
+            await trio.sleep(interval)
+            now = trio.current_time()
+            for c in list(self._conns.values()):
+                if c.kind is _PENDING or c.closing or c.paused:
+                    continue
+                silent = now - c.last_rx
+                if c.pinged is not None and c.last_rx < c.pinged:
+                    # dead only after a ping went unanswered for an interval, so a late
+                    # tick of this loop cannot condemn a peer we never pinged
+                    if now - c.pinged >= interval:
+                        self.log.warning("conn.dead", conn=c.id, remote=c.remote,
+                                         silent=round(silent, 3))
+                        c.closing = True
+                        c.wake.set()
+                        await self._inbox_send.send((c, _EOF))
+                elif silent >= interval:
+                    c.pinged = now
+                    c.queue(Ping(0))
+
+    # ------------------------------------------------------------------ the site task
+    async def _site_loop(self) -> None:
+        """The one task that owns the Site: wait for input (or the next timer), take
+        everything else already queued, handle it as one batch."""
+        inbox, site = self._inbox, self.site
+        while True:
+            deadline = site.next_deadline()
+            batch: list = []
+            if deadline is None:
+                batch.append(await inbox.receive())
+            else:
+                wait = deadline - time.time()
+                with trio.move_on_after(max(wait, 0.0)):
+                    batch.append(await inbox.receive())
+            try:
+                while len(batch) < MAX_BATCH:
+                    batch.append(inbox.receive_nowait())
+            except trio.WouldBlock:
+                pass
+            async with self._batch_lock:
+                await self._handle_batch(batch, deadline)
+
+    async def _handle_batch(self, batch: list, deadline: float | None) -> None:
+        """Feed one batch to the Site, then perform all it asked for (one commit)."""
+        now = time.time()
+        actions: list = []
+        for c, payload in batch:
+            if type(payload) is list:
+                if not c.dead:
+                    self._handle_frames(c, payload, now, actions)
+            elif payload is _EOF:
+                self._forget(c, now, actions)
+            else:
+                self._malformed(c, payload, now, actions)
+        if deadline is not None and now >= deadline:
+            actions += self.site.handle_timer(now)
+        if actions:
+            await self._perform(actions, now)
+        self.batches += 1
+
+    def _handle_frames(self, c: _Conn, frames: list, now: float, actions: list) -> None:
+        site = self.site
+        cid = c.id
+        for frame in frames:
+            kind = type(frame)
+            if c.kind is _PENDING:
+                self._on_hello(c, frame, now, actions)
+                if c.kind is _PENDING:
+                    return  # refused: the Close is queued, ignore the rest
+                cid = c.id
+            elif kind is StatRequest:
+                actions.append(Out(cid, StatReply(self.statistics())))
+            elif kind is Bye:
+                actions.append(Close(cid))
+                return
+            elif kind is Pong:
+                pass
+            elif kind is Hello:
+                actions.append(Out(cid, Error("bad_frame", "hello was already exchanged")))
+            else:
+                if kind is Error and c.kind is _LINK:
+                    self._link_error(c, frame)
+                actions += site.handle_frame(cid, frame, now)
+
+    def _on_hello(self, c: _Conn, frame: Any, now: float, actions: list) -> None:
+        if type(frame) is Error and c.dialer is not None:   # the peer refused our hello
+            self._link_error(c, frame)
+            self._refuse(c, None, f"peer refused the link: {frame.message}", actions)
+            return
+        try:
+            hello = check_hello(frame, PROTOCOL_VERSION)
+        except FrameError as exc:
+            self._refuse(c, exc, exc.message, actions)
+            return
+        c.hello = hello
+        if hello.role == "client":
+            if c.dialer is not None:
+                self._refuse(c, FrameError("a client answered a broker link",
+                                           code="bad_role"), "client on a link", actions)
+                return
+            c.kind = _CLIENT
+            actions.append(Out(c.id, Hello(PROTOCOL_VERSION, "broker",
+                                           broker_id=self.broker_id,
+                                           name=self.config.broker.name)))
+            actions += self.site.client_connected(c.id, now)
+            return
+        # a broker link
+        peer = hello.broker_id or "?"
+        if c.dialer is not None:
+            settings = c.dialer.settings
+        else:
+            kind = hello.connector if hello.connector in KINDS else "mesh"
+            if kind == "mesh" and not self.config.broker.accept_mesh:
+                self._refuse(c, RemoteError("this broker accepts no mesh links",
+                                            code="link_refused"), "mesh refused", actions)
+                return
+            settings = LinkSettings(kind=kind, name=hello.link_name or kind)
+        self._rename(c, f"L:{settings.name}:{peer}")
+        c.kind = _LINK
+        c.peer = peer
+        c.high_water = LINK_HIGH_WATER
+        if c.dialer is None:
+            actions.append(Out(c.id, self.site.hello(reply_to=hello)))
+        else:
+            c.dialer.peer, c.dialer.conn = peer, c.id
+        result = self.site.link_up(c.id, settings, hello, now, dialed=c.dialer is not None)
+        refusal = next((a.frame for a in result
+                        if type(a) is Out and type(a.frame) is Error), None)
+        if refusal is not None:
+            c.kind = _PENDING   # the Site did not take it (and logs link.refused)
+            if c.dialer is not None:
+                c.dialer.last_error = f"{refusal.code}: {refusal.message}"
+        elif c.dialer is not None:
+            c.dialer.state = "operational"
+            c.dialer.connects += 1
+            c.dialer.last_error = None
+        actions += result
+
+    def _rename(self, c: _Conn, wanted: str) -> None:
+        new, n = wanted, 1
+        while new in self._conns:
+            n += 1
+            new = f"{wanted}#{n}"
+        del self._conns[c.id]
+        c.id = new
+        self._conns[new] = c
+
+    def _link_error(self, c: _Conn, frame: Error) -> None:
+        if c.dialer is not None:
+            c.dialer.last_error = f"{frame.code}: {frame.message}"
+        self.log.warning("link.error", conn=c.id, code=frame.code, error=frame.message)
+
+    def _refuse(self, c: _Conn, exc: TreefedError | None, why: str, actions: list) -> None:
+        """Refuse a connection before its hello was accepted."""
+        self.log.warning("conn.refused", conn=c.id, remote=c.remote, reason=why)
+        error = Error(exc.code, exc.message) if exc is not None else None
+        actions.append(Close(c.id, error))
+
+    def _malformed(self, c: _Conn, exc: FrameError, now: float, actions: list) -> None:
+        self.log.warning("conn.malformed", conn=c.id, remote=c.remote, code=exc.code,
+                         error=exc.message)
+        if not c.dead:
+            actions.append(Close(c.id, Error(exc.code, exc.message)))
+
+    def _forget(self, c: _Conn, now: float, actions: list) -> None:
+        """The Site forgets ``c`` (once); its writer flushes and ends."""
+        if not c.closing:
+            c.closing = True
+            c.wake.set()
+            c.resume.set()
+        if c.dead:
+            return
+        c.dead = True
+        if c.kind is _CLIENT:
+            actions += self.site.client_closed(c.id, now)
+        elif c.kind is _LINK:
+            actions += self.site.link_down(c.id, now)
+        if c.writer_done.is_set() and self._conns.get(c.id) is c:
+            del self._conns[c.id]
+
+    async def _perform(self, actions: list, now: float) -> None:
+        """Do what the Site asked, committing the batch's store work before any Out."""
+        conns = self._conns
+        while actions:
+            stores: list = []
+            deletes: list = []
+            deferred: list = []
+            for a in actions:
+                kind = type(a)
+                if kind is Out or kind is Close:
+                    deferred.append(a)
+                elif kind is StoreMessage:
+                    stores.append(a.msg)
+                elif kind is DeleteMessage:
+                    deletes.append((a.msg_id, a.dst))
+                elif kind is Log:
+                    self._log_event(a)
+                elif kind is Pause:
+                    c = conns.get(a.conn)
+                    if c is not None:
+                        c.paused = True
+                elif kind is Resume:
+                    c = conns.get(a.conn)
+                    if c is not None and c.paused:
+                        c.paused = False
+                        c.resume.set()
+                        c.resume = trio.Event()
+            refused = None
+            if stores or deletes:
+                refused = await self._commit(stores, deletes)
+            more: list = []
+            for a in deferred:
+                c = conns.get(a.conn)
+                if c is None or c.closing:
+                    continue
+                if type(a) is Out:
+                    frame = a.frame
+                    if refused is not None and type(frame) is Receipt and frame.id in refused:
+                        frame = Error(refused[frame.id].code, refused[frame.id].message,
+                                      frame.id)
+                    c.out.append(frame)
+                    if len(c.out) > c.high_water:
+                        self.log.warning("conn.overflow", conn=c.id, queued=len(c.out))
+                        c.out.clear()
+                        c.out.append(Error("overflow", f"more than {c.high_water} frames "
+                                                       "queued: the connection does not "
+                                                       "keep up"))
+                        self._forget(c, now, more)
+                    c.wake.set()
+                else:
+                    if a.error is not None:
+                        c.out.append(a.error)
+                    self._forget(c, now, more)
+            actions = more
+
+    async def _commit(self, stores: list, deletes: list) -> dict | None:
+        """One transaction for the batch.  On failure the broker keeps running: the
+        receipts of the messages it could not store become errors (not confirmed)."""
+        self.commits += 1
+        try:
+            if self._threaded_store:
+                await trio.to_thread.run_sync(self.store.apply, stores, deletes)
+            else:
+                self.store.apply(stores, deletes)
+        except StoreError as exc:
+            self.log.error("store.failed", code=exc.code, error=exc.message,
+                           stores=len(stores), deletes=len(deletes))
+            return {m.id: exc for m in stores}
+        return None
+
+    def _log_event(self, a: Log) -> None:
+        if self._event_sink is not None:
+            self._event_sink(a.event, a.fields)
+            return
+        event = a.event
+        if event.startswith("message."):
+            if self._message_events:
+                self.log.info(event, **a.fields)
+        else:
+            self.log.info(event, **a.fields)
+
+    # ------------------------------------------------------------------ statistics
+    def statistics(self) -> dict:
+        """The Site's statistics plus the node's own: listeners, connectors, connections."""
+        stats = self.site.statistics()
+        stats["name"] = self.config.broker.name
+        stats["node_type"] = self.site.node_type
+        stats["listeners"] = [f"tcp://{h}:{p}" for h, p in self.addresses]
+        stats["connectors"] = [d.status() for d in self.dialers]
+        stats["conns"] = [{"conn": c.id, "kind": c.kind, "remote": c.remote, "peer": c.peer,
+                           "queued": len(c.out), "paused": c.paused,
+                           "since": round(c.opened, 3)}
+                          for c in self._conns.values() if not c.dead]
+        stats["batches"] = self.batches
+        stats["commits"] = self.commits
+        return stats
