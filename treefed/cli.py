@@ -6,9 +6,13 @@ One argparse parser with a subcommand per job.  ``broker`` validates the config 
 touching anything (an invalid file exits with status 2 and ``key: problem`` on stderr)
 and hands over to ``node.run_broker``.  ``send`` / ``consume`` / ``stat`` are thin
 wrappers over the client library that print JSON (one line per consumed message, so the
-output pipes into ``jq``).  ``scenario``, ``report`` and ``compare`` belong to other
-packages and are imported only when asked for, so the broker never loads pyspark; when
-such a package is missing the command says so and exits 2.
+output pipes into ``jq``); they share the connection options ``--user`` / ``--password``
+(or ``$TREEFED_PASSWORD``, which keeps it out of ``ps``) and ``--ca`` / ``--cert`` /
+``--key`` for ``ssl://`` brokers.  ``passwd`` prints the ``password_hash`` for a
+``[[security.user]]`` entry, reading the password without echo (or one line of stdin).
+``scenario``, ``report`` and ``compare`` belong to other packages and are imported only
+when asked for, so the broker never loads pyspark; when such a package is missing the
+command says so and exits 2.
 
 Exit status: 0 success, 1 runtime failure (broker unreachable, refused request),
 2 usage or configuration error.
@@ -20,6 +24,7 @@ import argparse
 import importlib
 import json
 import math
+import os
 import sys
 from typing import Any, Sequence
 
@@ -47,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, help="broker config file (TOML)")
 
     p = sub.add_parser("send", help="send messages")
-    p.add_argument("uri", help="tcp://host:port or failover:(...)")
+    _connection_options(p)
+    p.add_argument("uri", help="tcp://host:port, ssl://host:port or failover:(...)")
     p.add_argument("dest", help="destination, e.g. queue://Store.Incoming")
     p.add_argument("body", nargs="?", default=None,
                    help="message body (default: read stdin)")
@@ -60,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ttl", type=int, default=0, help="time to live in milliseconds")
 
     p = sub.add_parser("consume", help="receive messages, one JSON line each")
+    _connection_options(p)
     p.add_argument("uri")
     p.add_argument("dest")
     p.add_argument("--count", type=int, default=0, help="stop after N messages (0: no limit)")
@@ -68,12 +75,65 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop when no message arrived for this many seconds")
 
     p = sub.add_parser("stat", help="print a broker's statistics as JSON")
+    _connection_options(p)
     p.add_argument("uri")
+
+    p = sub.add_parser("passwd", help="print a password hash for [[security.user]]")
+    p.add_argument("--stdin", action="store_true",
+                   help="read the password from one line of stdin (no prompt)")
 
     for name in _DELEGATED:
         p = sub.add_parser(name, help=_DELEGATED_HELP[name], add_help=False)
         p.add_argument("args", nargs=argparse.REMAINDER)
     return parser
+
+
+def _connection_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--user", default=None, help="user name, for brokers with authentication")
+    p.add_argument("--password", default=None,
+                   help="password (default: $TREEFED_PASSWORD when --user is given)")
+    p.add_argument("--ca", default=None, help="CA bundle trusted for ssl:// (default: system)")
+    p.add_argument("--cert", default=None, help="client certificate for mutual TLS")
+    p.add_argument("--key", default=None, help="key of --cert (default: inside --cert)")
+    p.add_argument("--no-check-hostname", action="store_true",
+                   help="ssl://: do not match the certificate to the host name")
+
+
+def _connect(args: argparse.Namespace, client_id: str) -> Any:
+    """``client.connect`` with the command line's credentials and TLS settings."""
+    from treefed.client import connect
+
+    password = args.password
+    if password is None and args.user is not None:
+        password = os.environ.get("TREEFED_PASSWORD")
+    ssl_context = None
+    if args.ca or args.cert or args.no_check_hostname:
+        from treefed.transport.tls import client_context
+
+        ssl_context = client_context(ca=args.ca, cert=args.cert, key=args.key,
+                                     check_hostname=not args.no_check_hostname,
+                                     where="--tls")
+    return connect(args.uri, client_id=client_id, username=args.user, password=password,
+                   ssl_context=ssl_context)
+
+
+def _passwd(args: argparse.Namespace) -> int:
+    from treefed.security.passwords import hash_password
+
+    if args.stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        import getpass
+
+        password = getpass.getpass("password: ")
+        if getpass.getpass("again: ") != password:
+            print("treefed passwd: the passwords differ", file=sys.stderr)
+            return 2
+    if not password:
+        print("treefed passwd: empty password", file=sys.stderr)
+        return 2
+    print(hash_password(password))
+    return 0
 
 
 def _header_value(text: str) -> Any:
@@ -98,11 +158,9 @@ def _headers(pairs: Sequence[str]) -> dict:
 
 
 async def _send(args: argparse.Namespace) -> int:
-    from treefed.client import connect
-
     body = args.body if args.body is not None else sys.stdin.read()
     headers = _headers(args.header)
-    async with connect(args.uri, client_id="treefed-send") as conn:
+    async with _connect(args, "treefed-send") as conn:
         ids = []
         for _ in range(args.count):
             ids.append(await conn.send(args.dest, body.encode("utf-8"), headers=headers,
@@ -119,10 +177,8 @@ async def _send(args: argparse.Namespace) -> int:
 async def _consume(args: argparse.Namespace) -> int:
     import trio
 
-    from treefed.client import connect
-
     received = 0
-    async with connect(args.uri, client_id="treefed-consume") as conn:
+    async with _connect(args, "treefed-consume") as conn:
         prefetch = max(1, min(args.count or 100, 1000))
         sub = await conn.subscribe(args.dest, selector=args.selector, prefetch=prefetch)
         idle = args.timeout if args.timeout is not None else math.inf
@@ -140,9 +196,7 @@ async def _consume(args: argparse.Namespace) -> int:
 
 
 async def _stat(args: argparse.Namespace) -> int:
-    from treefed.client import connect
-
-    async with connect(args.uri, client_id="treefed-stat") as conn:
+    async with _connect(args, "treefed-stat") as conn:
         stats = await conn.stat()
     print(json.dumps(stats, indent=2, sort_keys=True, default=str))
     return 0
@@ -208,6 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_client(_consume, args)
     if args.command == "stat":
         return _run_client(_stat, args)
+    if args.command == "passwd":
+        return _passwd(args)
     return _delegate(args.command, args.args)  # pragma: no cover - handled above
 
 

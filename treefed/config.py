@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 ``load_config(path)`` reads TOML with ``tomllib`` and hands the dict to
 ``parse_config``, which checks every section against a *table* of fields
-(``_BROKER``, ``_LOGGING``, ``_POLICY``, ``_TREE``, ``_MESH``): for each known key a
+(``_BROKER``, ``_LOGGING``, ``_POLICY``, ``_TREE``, ``_MESH``, ``_SECURITY`` and its
+sub-tables): for each known key a
 checker and a default.  The first problem found raises ``ConfigError(key, problem)`` with
 the dotted key at fault (``network_connector[1].network_ttl``, arrays indexed from 0) and
 a problem a person can act on; an unknown key is a problem too, with the closest known
@@ -15,12 +16,16 @@ Invariants of a returned ``BrokerConfig``: every value has its documented type a
 destination patterns and URIs parse (``core.destinations`` / ``transport.uri``, imported
 lazily so this module has no import-time dependency on them) and destinations are kept in
 canonical form (a bare name is a queue); network connector names are
-unique; relative paths (``broker.data_dir``, ``logging.file``) are resolved against the
-folder of the config file.  Lists are tuples so the whole config is immutable and
+unique; relative paths (``broker.data_dir``, ``logging.file``, ``security.tls`` files) are
+resolved against the folder of the config file.  Security: password hashes parse,
+permission patterns compile, every permission principal names a configured user or a
+group some user is in (a typo would silently grant nothing), and an ``ssl://`` listener
+has a certificate.  Lists are tuples so the whole config is immutable and
 hashable.
 
 This module never opens a socket or creates a directory: validating a config has no side
-effects, so ``treefed broker --config`` can refuse a bad file before it touches anything.
+effects, so ``treefed broker --config`` can refuse a bad file before it touches anything
+(TLS files are read only when ``TlsConfig.server_context()`` builds a context).
 ``dump_config`` writes the same format back (the scenario runner uses it to give each
 site process its own file); ``parse_config(tomllib.loads(dump_config(c)))`` equals ``c``
 apart from ``source_path``.
@@ -46,6 +51,11 @@ __all__ = [
     "PolicyConfig",
     "TreeConnectorConfig",
     "NetworkConnectorConfig",
+    "SecurityConfig",
+    "UserConfig",
+    "PermissionConfig",
+    "TlsConfig",
+    "TreeScopeConfig",
     "LOG_LEVELS",
     "load_config",
     "parse_config",
@@ -64,13 +74,15 @@ class BrokerSection:
     id: str                          # unique across the estate; appears in paths and logs
     name: str                        # human label; defaults to id
     data_dir: str                    # message store folder, resolved against the config
-    listen: tuple[str, ...] = ()     # tcp:// URIs to accept clients and broker links on
+    listen: tuple[str, ...] = ()     # tcp:// / ssl:// URIs for clients and broker links
     max_frame_bytes: int = 4 * 1024 * 1024  # checked before a frame is allocated
     max_redeliveries: int = 6        # nacks/lost deliveries before the DLQ
     dlq: str = "queue://DLQ"
     heartbeat_interval: float = 10.0  # seconds between pings on idle links; 0 = off
     accept_tree_children: bool = True  # refuse tree hellos when false
     accept_mesh: bool = True         # refuse mesh hellos when false
+    max_store_bytes: int = 0         # message store size cap (0 = the disk): when reached,
+    #                                  persistent sends are refused with "store_full"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,10 +114,14 @@ class PolicyConfig:
 
 @dataclass(frozen=True, slots=True)
 class TreeConnectorConfig:
-    uri: str                         # the parent: tcp://h:p or failover:(...)?opts
+    uri: str                         # the parent: tcp://h:p, ssl://h:p or failover:(...)
     node_type: str = "leaf"          # leaf | branch (the root has no tree connector)
     route_unknown_up: bool = True    # send messages nobody below wants to the parent
     max_interest_per_child: int = 100_000  # cap on interest one child may register
+    username: str = ""               # credentials sent in our hello ("" = none; a
+    password: str = ""               #   client certificate may authenticate instead)
+    replay_delay: float = 10.0       # seconds a message that came down and lost its
+    #                                  consumer waits here before it goes back up
 
     def link_settings(self) -> Any:
         """Settings for the federation Bridge of this link (``kind="tree"``)."""
@@ -143,14 +159,123 @@ class NetworkConnectorConfig:
     prefetch: int = 1000
     static_bridge: bool = False      # no advisories at all, static includes only
     max_demand_per_link: int = 100_000
+    username: str = ""               # credentials sent in our hello ("" = none)
+    password: str = ""
 
     def link_settings(self) -> Any:
-        """Settings for the federation Bridge of this link (``kind="mesh"``); the uri is
-        the transport's business, not the bridge's."""
+        """Settings for the federation Bridge of this link (``kind="mesh"``); the uri and
+        credentials are the transport's business, not the bridge's."""
         from treefed.federation.settings import LinkSettings
 
-        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "uri"}
+        values = {f.name: getattr(self, f.name) for f in fields(self)
+                  if f.name not in _NOT_LINK_SETTINGS}
         return LinkSettings(kind="mesh", **values)
+
+
+_NOT_LINK_SETTINGS = ("uri", "username", "password")
+
+
+@dataclass(frozen=True, slots=True)
+class UserConfig:
+    """``[[security.user]]``: who may log in, with what, as which groups."""
+
+    name: str
+    password_hash: str = ""          # scrypt$n$r$p$salt$hash; "" = certificate only
+    groups: tuple[str, ...] = ()
+    brokers: tuple[str, ...] = ()    # broker ids this user may claim besides its name
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionConfig:
+    """``[[security.permission]]``: grants to one principal (user, group:<g> or *)."""
+
+    principal: str
+    read: tuple[str, ...] = ()       # subscribe / advertise interest
+    write: tuple[str, ...] = ()      # send / forward
+    admin: tuple[str, ...] = ()      # stat and admin frames (">" = whole broker)
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """``[security.tls]``: the certificate this broker shows (listeners, and as client
+    certificate on ssl:// connectors) and the CA it trusts."""
+
+    cert: str = ""                   # PEM chain, resolved against the config folder
+    key: str = ""                    # PEM key ("" = inside cert)
+    ca: str = ""                     # trusted CA bundle ("" = system store for dialing)
+    verify_peer: bool = False        # listeners require a client certificate (mTLS)
+    min_version: str = "1.2"         # 1.2 | 1.3
+    check_hostname: bool = True      # connectors check the parent's certificate name
+    handshake_timeout: float = 10.0  # seconds before a silent TLS peer is dropped
+
+    def server_context(self) -> Any:
+        """The listeners' ``ssl.SSLContext`` (reads the files; ConfigError names the key)."""
+        from treefed.transport.tls import server_context
+
+        return server_context(self.cert, self.key or None, ca=self.ca or None,
+                              verify_peer=self.verify_peer, min_version=self.min_version)
+
+    def client_context(self) -> Any:
+        """The ``ssl.SSLContext`` for ssl:// connectors and clients (our cert, if any,
+        is offered for mutual TLS)."""
+        from treefed.transport.tls import client_context
+
+        return client_context(ca=self.ca or None, cert=self.cert or None,
+                              key=self.key or None, check_hostname=self.check_hostname,
+                              min_version=self.min_version)
+
+
+@dataclass(frozen=True, slots=True)
+class TreeScopeConfig:
+    """``[security.tree]``: confine tree children to their own subtree's destinations."""
+
+    confine_children: bool = False
+    child_patterns: tuple[str, ...] = ()   # {child} / {subtree} placeholders
+    broadcast: tuple[str, ...] = ()        # any child may advertise and send
+    upward: tuple[str, ...] = ()           # any child may send (not advertise)
+
+    def tree_scope(self, *, temp_destinations: bool = True) -> Any:
+        """A ``security.TreeScope``, or None when children are not confined."""
+        if not self.confine_children:
+            return None
+        from treefed.security.tree_scope import TreeScope
+
+        return TreeScope(self.child_patterns, self.broadcast, self.upward,
+                         temp_destinations=temp_destinations)
+
+
+@dataclass(frozen=True, slots=True)
+class SecurityConfig:
+    """``[security]``: authentication, permissions, TLS, tree confinement."""
+
+    authentication: bool = False     # hellos must carry valid credentials
+    failure_delay: float = 1.0       # seconds before refusing a failed login, doubling
+    max_failure_delay: float = 30.0  #   per recent failure up to this
+    temp_destinations: bool = True   # temp (reply) queues open to users and tree children
+    users: tuple[UserConfig, ...] = ()
+    permissions: tuple[PermissionConfig, ...] = ()
+    tls: TlsConfig = TlsConfig()
+    tree: TreeScopeConfig = TreeScopeConfig()
+
+    def authenticator(self) -> Any:
+        """A ``security.Authenticator`` for this broker's hellos."""
+        from treefed.security.auth import Authenticator, User
+
+        return Authenticator([User(u.name, u.password_hash, u.groups, u.brokers)
+                              for u in self.users], required=self.authentication,
+                             failure_delay=self.failure_delay,
+                             max_failure_delay=self.max_failure_delay)
+
+    def authorizer(self) -> Any:
+        """A ``security.Authorizer``; None when authentication is off (nobody to check)."""
+        if not self.authentication:
+            return None
+        from treefed.security.authz import Authorizer, Rule
+
+        rules = [Rule(p.principal, perm, pattern) for p in self.permissions
+                 for perm in ("read", "write", "admin") for pattern in getattr(p, perm)]
+        return Authorizer(rules, {u.name: u.groups for u in self.users},
+                          temp_destinations=self.temp_destinations)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +286,7 @@ class BrokerConfig:
     tree_connector: TreeConnectorConfig | None
     network_connectors: tuple[NetworkConnectorConfig, ...]
     source_path: str | None = None   # the file it came from; None when parsed from a dict
+    security: SecurityConfig = SecurityConfig()
 
     def policy_set(self) -> Any:
         """The ``[[policy]]`` list as a ``core.policy.PolicySet`` (first match wins)."""
@@ -327,13 +453,14 @@ _BROKER: dict[str, tuple[Checker, Any]] = {
     "id": (_identifier, _REQUIRED),
     "name": (_string, None),
     "data_dir": (_string, None),
-    "listen": (_list_of(_uri("tcp://", listen=True)), ()),
+    "listen": (_list_of(_uri("tcp://", "ssl://", listen=True)), ()),
     "max_frame_bytes": (_int(1024, 2**32 - 1), 4 * 1024 * 1024),
     "max_redeliveries": (_int(0), 6),
     "dlq": (_destination(wildcards=False, queue_only=True), "queue://DLQ"),
     "heartbeat_interval": (_number(0.0), 10.0),
     "accept_tree_children": (_bool, True),
     "accept_mesh": (_bool, True),
+    "max_store_bytes": (_int(0), 0),
 }
 
 def _log_level(value: Any, key: str) -> str:
@@ -363,8 +490,11 @@ _TREE_OPTIONS: dict[str, tuple[Checker, Any]] = {
 }
 _TREE: dict[str, tuple[Checker, Any]] = {
     "node_type": (_choice("leaf", "branch"), "leaf"),
-    "uri": (_uri("tcp://", "failover:"), _REQUIRED),
+    "uri": (_uri("tcp://", "ssl://", "failover:"), _REQUIRED),
     **_TREE_OPTIONS,
+    "username": (_string, ""),
+    "password": (_string, ""),
+    "replay_delay": (_number(0.0), 10.0),
 }
 
 _TTL = _int(-1)
@@ -389,11 +519,86 @@ _MESH_OPTIONS: dict[str, tuple[Checker, Any]] = {
 }
 _MESH: dict[str, tuple[Checker, Any]] = {
     "name": (_identifier, "bridge"),
-    "uri": (_uri("static:", "tcp://", "failover:"), _REQUIRED),
+    "uri": (_uri("static:", "tcp://", "ssl://", "failover:"), _REQUIRED),
     **_MESH_OPTIONS,
+    "username": (_string, ""),
+    "password": (_string, ""),
 }
 
-_SECTIONS = ("broker", "logging", "policy", "tree_connector", "network_connector")
+
+def _principal_name(value: Any, key: str) -> str:
+    """A user name: free-form (certificate names may hold '@', ':' or '/'), but never
+    blank, padded, unprintable or spelled like a group or the everyone principal."""
+    text = _string(value, key)
+    if (not text or text != text.strip() or not text.isprintable() or text == "*"
+            or text.startswith("group:") or len(text) > 256):
+        raise ConfigError(key, f"must be a printable name, not '*' or 'group:...', "
+                               f"got {_show(value)}")
+    return text
+
+
+def _password_hash(value: Any, key: str) -> str:
+    from treefed.security.passwords import parse_password_hash
+
+    text = _string(value, key)
+    if text:
+        try:
+            parse_password_hash(text)
+        except ValueError as exc:
+            raise ConfigError(key, f"invalid password hash: {exc}") from None
+    return text
+
+
+def _permission_pattern(*placeholders: str) -> Checker:
+    def check(value: Any, key: str) -> str:
+        from treefed.security.patterns import compile_pattern
+
+        text = _string(value, key)
+        try:
+            return compile_pattern(text, placeholders).text
+        except TreefedError as exc:
+            raise ConfigError(key, f"invalid pattern {_show(text)}: {_reason(exc)}") from None
+
+    return check
+
+
+_SECURITY: dict[str, tuple[Checker, Any]] = {
+    "authentication": (_bool, False),
+    "failure_delay": (_number(0.0), 1.0),
+    "max_failure_delay": (_number(0.0), 30.0),
+    "temp_destinations": (_bool, True),
+}
+_USER: dict[str, tuple[Checker, Any]] = {
+    "name": (_principal_name, _REQUIRED),
+    "password_hash": (_password_hash, ""),
+    "groups": (_list_of(_identifier), ()),
+    "brokers": (_list_of(_identifier), ()),
+}
+_PERMISSION: dict[str, tuple[Checker, Any]] = {
+    "principal": (_string, _REQUIRED),
+    "read": (_list_of(_permission_pattern("user")), ()),
+    "write": (_list_of(_permission_pattern("user")), ()),
+    "admin": (_list_of(_permission_pattern("user")), ()),
+}
+_TLS: dict[str, tuple[Checker, Any]] = {
+    "cert": (_string, ""),
+    "key": (_string, ""),
+    "ca": (_string, ""),
+    "verify_peer": (_bool, False),
+    "min_version": (_choice("1.2", "1.3"), "1.2"),
+    "check_hostname": (_bool, True),
+    "handshake_timeout": (_number(0.001), 10.0),
+}
+_TREE_SCOPE: dict[str, tuple[Checker, Any]] = {
+    "confine_children": (_bool, False),
+    "child_patterns": (_list_of(_permission_pattern("child", "subtree")), ()),
+    "broadcast": (_list_of(_permission_pattern()), ()),
+    "upward": (_list_of(_permission_pattern()), ()),
+}
+_SECURITY_TABLES = ("user", "permission", "tls", "tree")
+
+_SECTIONS = ("broker", "logging", "policy", "tree_connector", "network_connector",
+             "security")
 
 
 def _resolve_ttls(values: dict) -> dict:
@@ -489,8 +694,71 @@ def _parse(data: dict, source: str) -> BrokerConfig:
         seen[values["name"]] = i
         mesh.append(NetworkConnectorConfig(**values))
 
+    security = _parse_security(data.get("security", {}), resolve)
+    for i, text in enumerate(broker.listen):
+        if text.lower().startswith("ssl://") and not security.tls.cert:
+            raise ConfigError("security.tls.cert", f"required by the ssl:// listener "
+                                                   f"broker.listen[{i}]")
     return BrokerConfig(broker, logging, policies, tree, tuple(mesh),
-                        source_path=None if base is None else source)
+                        source_path=None if base is None else source, security=security)
+
+
+def _parse_security(data: Any, resolve: Callable[[str], str]) -> SecurityConfig:
+    if not isinstance(data, dict):
+        raise ConfigError("security", f"must be a table, got {_show(data)}")
+    known = {**_SECURITY, **dict.fromkeys(_SECURITY_TABLES)}
+    for name in data:
+        if name not in known:
+            raise ConfigError(f"security.{name}", "unknown key" + _suggest(name, known))
+    values = _check_table({k: v for k, v in data.items() if k in _SECURITY}, _SECURITY,
+                          "security")
+    if values["max_failure_delay"] < values["failure_delay"]:
+        raise ConfigError("security.max_failure_delay", "must be >= failure_delay")
+
+    users: list[UserConfig] = []
+    seen: dict[str, int] = {}
+    for i, table in enumerate(_array_of_tables(data.get("user", []), "security.user")):
+        user = UserConfig(**_check_table(table, _USER, f"security.user[{i}]"))
+        if user.name in seen:
+            raise ConfigError(f"security.user[{i}].name",
+                              f'duplicate user "{user.name}" '
+                              f"(also security.user[{seen[user.name]}])")
+        seen[user.name] = i
+        users.append(user)
+    groups = {g for u in users for g in u.groups}
+
+    permissions: list[PermissionConfig] = []
+    raw = _array_of_tables(data.get("permission", []), "security.permission")
+    for i, table in enumerate(raw):
+        key = f"security.permission[{i}]"
+        perm = PermissionConfig(**_check_table(table, _PERMISSION, key))
+        who = perm.principal
+        # a principal nobody matches would silently grant nothing: refuse the typo
+        if who.startswith("group:"):
+            if who[6:] not in groups:
+                raise ConfigError(f"{key}.principal",
+                                  f"no user is in group {_show(who[6:])}"
+                                  + _suggest(who[6:], groups or {"(none)"}, "groups"))
+        elif who != "*" and who not in seen:
+            raise ConfigError(f"{key}.principal", f"no user named {_show(who)}"
+                              + _suggest(who, seen or {"(none)"}, "users"))
+        permissions.append(perm)
+
+    tls = _check_table(data.get("tls", {}), _TLS, "security.tls")
+    for name in ("cert", "key", "ca"):
+        tls[name] = resolve(tls[name])
+    if tls["key"] and not tls["cert"]:
+        raise ConfigError("security.tls.cert", "required when security.tls.key is set")
+    if tls["verify_peer"] and not tls["ca"]:
+        raise ConfigError("security.tls.ca", "verify_peer needs a CA bundle to verify "
+                                             "client certificates against")
+    tree = _check_table(data.get("tree", {}), _TREE_SCOPE, "security.tree")
+
+    if values["authentication"] and not users:
+        raise ConfigError("security.user", "authentication is on but no user is "
+                                           "configured: nobody could connect")
+    return SecurityConfig(**values, users=tuple(users), permissions=tuple(permissions),
+                          tls=TlsConfig(**tls), tree=TreeScopeConfig(**tree))
 
 
 # --------------------------------------------------------------------------- dump
@@ -523,4 +791,13 @@ def dump_config(config: BrokerConfig) -> str:
     if config.tree_connector is not None:
         parts.append(_toml_table("[tree_connector]", config.tree_connector))
     parts += [_toml_table("[[network_connector]]", n) for n in config.network_connectors]
+    sec = config.security
+    if sec != SecurityConfig():
+        lines = ["[security]"] + [f"{name} = {_toml_value(getattr(sec, name))}"
+                                  for name in _SECURITY]
+        parts.append("\n".join(lines) + "\n")
+        parts += [_toml_table("[[security.user]]", u) for u in sec.users]
+        parts += [_toml_table("[[security.permission]]", p) for p in sec.permissions]
+        parts.append(_toml_table("[security.tls]", sec.tls))
+        parts.append(_toml_table("[security.tree]", sec.tree))
     return "\n".join(parts)

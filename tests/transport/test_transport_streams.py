@@ -61,10 +61,11 @@ class TestOpenTcp:
             await open_tcp(Endpoint("tcp", LOCAL, port), connect_timeout=0)
         assert info.value.code == "unreachable" and "timed out" in info.value.message
 
-    async def test_ssl_not_supported_yet(self):
-        """ssl:// endpoints are a LocalError until TLS is built, never a retryable error."""
+    async def test_unknown_scheme_is_a_local_error(self):
+        """A scheme open_tcp cannot dial is a LocalError, never a retryable error
+        (ssl:// is dialed through tls.open_tls: tests/security/test_tls.py)."""
         with pytest.raises(LocalError) as info:
-            await open_tcp(Endpoint("ssl", LOCAL, 1))
+            await open_tcp(Endpoint("udp", LOCAL, 1))
         assert info.value.code == "unsupported"
 
 

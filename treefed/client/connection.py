@@ -29,16 +29,25 @@ Invariants:
   ``trio.WouldBlock``.
 * Nothing raises into the application's nursery.  A connection that is lost and cannot
   be re-established makes every pending and later call raise ``ConnectionClosed``.
+* Liveness: when the broker's hello announces a ``heartbeat_interval``, a watchdog pings
+  a broker silent for an interval and treats one that leaves the ping unanswered for
+  another interval as lost (a half-open socket), which starts the failover.
+* Duplicates after a failover: each subscription remembers the ids it handed out (a
+  bounded window).  A message that comes again after the application acked it (the
+  ack died with the old socket, or a slave restored it) is acked again and not handed
+  out; one handed out but not acked comes with ``redelivered`` at least 1, as JMS asks.
 """
 
 from __future__ import annotations
 
 import random
 import re
+import ssl
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from itertools import islice
 from typing import Any
 
 import trio
@@ -58,9 +67,13 @@ __all__ = ["connect", "Connection", "Subscription", "ReceivedMessage", "Connecti
            "remote_error"]
 
 _RECEIVE_SIZE = 256 * 1024
+#: ``ref`` of the Error refusing a StatRequest (security.guard.STAT_REF)
+_STAT_REF = "stat"
 #: A producer that does not wait yields to the writer once this many frames are queued:
 #: big enough to amortise a send_all, small enough to keep the pipeline moving.
 _WRITE_BATCH = 256
+#: The failover audit is trimmed back to its size this many ids at a time.
+_AUDIT_SLACK = 256
 #: codes a FrameDecoder / hello check may put in an error frame
 _FRAME_CODES = frozenset(("bad_frame", "bad_cbor", "oversized", "not_array", "unknown_type",
                           "missing_field", "bad_field", "too_many_fields", "not_hello",
@@ -151,8 +164,14 @@ class ReceivedMessage:
 
     def ack_nowait(self) -> None:
         """Acknowledge: the broker deletes the message and returns prefetch credit."""
+        sub = self._conn._subs.get(self.frame.sub)
+        if sub is not None and self.frame.msg in sub._audit:
+            sub._audit[self.frame.msg] = True   # a copy after a failover is a duplicate
         if self._gen == self._conn._gen:
-            self._conn._queue(Ack(self.frame.sub, self.frame.msg))
+            if sub is not None:
+                sub._settled(self.frame.msg, None)
+            else:
+                self._conn._queue(Ack(self.frame.sub, self.frame.msg))
 
     async def ack(self) -> None:
         self.ack_nowait()
@@ -161,7 +180,12 @@ class ReceivedMessage:
     async def nack(self) -> None:
         """Give the message back for redelivery (the DLQ after max redeliveries)."""
         if self._gen == self._conn._gen:
-            self._conn._queue(Nack(self.frame.sub, self.frame.msg))
+            sub = self._conn._subs.get(self.frame.sub)
+            nack = Nack(self.frame.sub, self.frame.msg)
+            if sub is not None:
+                sub._settled(self.frame.msg, nack)
+            else:
+                self._conn._queue(nack)
         await trio.lowlevel.checkpoint_if_cancelled()
 
     async def reply(self, body: bytes, *, headers: dict | None = None) -> str:
@@ -192,8 +216,19 @@ class Subscription:
     """A consumer: ``async for msg in sub`` or ``await sub.receive()``.
 
     Delivered messages wait in a deque.  ``receive`` returns at once (a cancel point, not
-    a schedule point) while messages are queued, so a consumer draining a burst queues
-    all its acks before the writer runs, and they leave in one write."""
+    a schedule point) while messages are queued, so a consumer draining a burst acks all
+    of it before the writer runs.
+
+    Acks are cumulative where they can be (``Ack(upto=True)``, as JMS client-ack and
+    ActiveMQ's optimizeAcknowledge).  The ids delivered on the current socket are kept
+    in delivery order; an ack of the oldest one becomes, or extends, one cumulative Ack
+    frame that is still the last frame queued, so a burst acked in order leaves as ONE
+    frame.  Nothing waits for a timer: the frame goes out whenever the writer next runs,
+    exactly when a per-message ack would have.  An ack out of order, and every nack,
+    is sent on its own (and the id skipped when the acks in order reach it), so acking
+    messages singly and in any order keeps its meaning.  Once half the prefetch is
+    covered by the frame in hand, the next ``receive`` yields so it leaves and the
+    broker refills while the burst is still being worked through."""
 
     def __init__(self, conn: Connection, sub_id: str, frame: Subscribe) -> None:
         self.id = sub_id
@@ -203,6 +238,17 @@ class Subscription:
         self._arrived = trio.Event()    # set when _queue gained messages or it ended
         self._ended = False
         self._error: BaseException | None = None   # why it ended, None = closed by us
+        # id -> acked, for the ids handed out lately (oldest first): the failover audit
+        self._audit: dict[str, bool] = {}
+        self._audit_size = max(1024, 4 * frame.prefetch)
+        # -- cumulative acks (see the class docstring); reset for every socket
+        self._unsettled: deque[str] = deque()   # delivered ids, oldest first, whose ack
+        #                                         or nack has not reached the head yet
+        self._skipped: set[str] = set()         # of those, the ones settled out of order
+        self._ack: Ack | None = None            # the cumulative Ack last queued
+        self._ack_count = 0                     # messages it covers
+        self._ack_every = max(1, frame.prefetch // 2)
+        self._ack_yield = False                 # the next receive lets the writer run
 
     @property
     def destination(self) -> str:
@@ -217,6 +263,42 @@ class Subscription:
         self._queue.append(msg)
         self._arrived.set()
 
+    def _reset_acks(self) -> None:
+        """A new socket: the broker requeued whatever the old one had in flight."""
+        self._unsettled.clear()
+        self._skipped.clear()
+        self._ack = None
+        self._ack_yield = False
+
+    def _settled(self, msg_id: str, nack: Nack | None) -> None:
+        """The application acked (``nack`` None) or nacked ``msg_id``: queue the frame."""
+        conn = self._conn
+        unsettled = self._unsettled
+        if unsettled and unsettled[0] == msg_id:
+            unsettled.popleft()
+            skipped = self._skipped
+            while skipped and unsettled and unsettled[0] in skipped:
+                skipped.remove(unsettled.popleft())   # already settled on its own
+            if nack is None:
+                out = conn._out
+                ack = self._ack
+                if ack is not None and out and out[-1] is ack:
+                    ack.msg = msg_id   # not taken by the writer yet: it covers one more
+                    self._ack_count += 1
+                    if self._ack_count >= self._ack_every:
+                        self._ack = None
+                        self._ack_yield = True
+                    return
+                self._ack = Ack(self.id, msg_id, True)
+                self._ack_count = 1
+                conn._queue(self._ack)
+                return
+        elif unsettled:
+            self._skipped.add(msg_id)
+        else:
+            self._skipped.clear()   # nothing outstanding: only double acks were left
+        conn._queue(nack if nack is not None else Ack(self.id, msg_id))
+
     async def _next(self) -> ReceivedMessage | None:
         queue = self._queue
         while not queue:
@@ -224,7 +306,11 @@ class Subscription:
                 return None
             self._arrived = trio.Event()
             await self._arrived.wait()
-        await trio.lowlevel.checkpoint_if_cancelled()
+        if self._ack_yield:
+            self._ack_yield = False
+            await trio.lowlevel.checkpoint()   # the writer sends the acks in hand
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
         return queue.popleft()
 
     async def receive(self) -> ReceivedMessage:
@@ -273,13 +359,18 @@ class Connection:
 
     def __init__(self, uri: str, *, client_id: str | None = None,
                  max_frame: int = DEFAULT_MAX_FRAME, high_water: int = 8192,
-                 max_unconfirmed: int = 8192) -> None:
+                 max_unconfirmed: int = 8192, username: str | None = None,
+                 password: str | None = None, ssl_context: ssl.SSLContext | None = None,
+                 ) -> None:
         target = parse_uri(uri)
         if not isinstance(target, (Endpoint, Failover)):
-            raise LocalError(f"{uri!r}: a client connects to tcp:// or failover:",
+            raise LocalError(f"{uri!r}: a client connects to tcp://, ssl:// or failover:",
                              code="bad_uri")
         self.uri = uri
         self.client_id = client_id
+        self._username = username                 # sent in every hello (reconnects too)
+        self._password = password
+        self._ssl_context = ssl_context           # ssl:// endpoints; None = system CAs
         self._target = target
         self._producer = f"{client_id or 'p'}-{uuid.uuid4().hex[:12]}"
         self._seq = 0
@@ -314,6 +405,7 @@ class Connection:
         self._reply_sub: Subscription | None = None
         self._reply_waiters: dict[str, _Waiter] = {}
         self.confirmed_total = 0                  # receipts received for persistent sends
+        self._last_rx = 0.0                       # trio time the broker was last heard
 
     # ------------------------------------------------------------------ public API
     @property
@@ -373,8 +465,11 @@ class Connection:
         if persistent and confirm is not False:
             waiter = self._receipt_waiters[msg_id] = _Waiter()
             await waiter.wait()
-        elif len(self._out) >= _WRITE_BATCH:
-            await trio.lowlevel.checkpoint()   # let the writer take a full batch
+        elif not len(self._out) % _WRITE_BATCH:
+            # Every 256 frames queued, let the writer take them.  Only then: while the
+            # writer is busy in send_all, a yield per send would buy nothing but a pass
+            # of the scheduler (several microseconds) per message.
+            await trio.lowlevel.checkpoint()
         else:
             await trio.lowlevel.checkpoint_if_cancelled()
         return msg_id
@@ -559,7 +654,9 @@ class Connection:
                     except _SOCKET_ERRORS as exc:
                         last_error = exc
                     except RemoteError as exc:
-                        if exc.code != "unreachable":
+                        # a failed TLS handshake is retried like an unreachable broker:
+                        # under failover the next endpoint may well be fine
+                        if exc.code not in ("unreachable", "tls_failed"):
                             raise
                         last_error = exc
                 if opened is None:
@@ -577,6 +674,9 @@ class Connection:
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(self._read_loop, framed, early, nursery)
                         nursery.start_soon(self._write_loop, framed, nursery)
+                        interval = hello.options.get("heartbeat_interval")
+                        if isinstance(interval, (int, float)) and interval > 0:
+                            nursery.start_soon(self._watchdog, float(interval), nursery)
                 finally:
                     self._uninstall()
                     with trio.CancelScope(shield=True):
@@ -598,10 +698,12 @@ class Connection:
                 self._fail(ConnectionClosed("connection closed"))
 
     async def _open(self, endpoint: Endpoint) -> tuple:
-        stream = await open_tcp(endpoint)
+        stream = await open_tcp(endpoint, ssl_context=self._ssl_context)
         framed = FramedStream(stream, self._max_frame, receive_size=_RECEIVE_SIZE)
         try:
-            await framed.send_frame(Hello(PROTOCOL_VERSION, "client", name=self.client_id))
+            await framed.send_frame(Hello(PROTOCOL_VERSION, "client", name=self.client_id,
+                                          username=self._username,
+                                          password=self._password))
             with trio.fail_after(30):
                 try:
                     frames = await framed.receive_frames()
@@ -625,7 +727,10 @@ class Connection:
         self._stream = stream
         self.broker_hello = hello
         self.endpoint = endpoint
-        replay: list = [sub.frame for sub in self._subs.values()]
+        replay: list = []
+        for sub in self._subs.values():
+            replay.append(sub.frame)
+            sub._reset_acks()
         replay += self._unconfirmed.values()
         self._out = replay
         self._writing = False
@@ -668,10 +773,28 @@ class Connection:
         finally:
             nursery.cancel_scope.cancel()
 
+    async def _watchdog(self, interval: float, nursery: trio.Nursery) -> None:
+        """Ping a broker silent for ``interval``; one that stays silent for another
+        interval after the ping is gone (half-open): end this socket."""
+        pinged = None
+        while True:
+            await trio.sleep(interval / 2)
+            now = trio.current_time()
+            if pinged is not None and self._last_rx < pinged:
+                if now - pinged >= interval:
+                    self._lost = self._lost or _Lost(
+                        f"broker silent for {now - self._last_rx:.1f} s (heartbeat)")
+                    nursery.cancel_scope.cancel()
+                    return
+            elif now - self._last_rx >= interval:
+                pinged = now
+                self._queue(Ping(0))
+
     async def _read_loop(self, framed: FramedStream, frames: list,
                          nursery: trio.Nursery) -> None:
         gen = self._gen
         subs = self._subs
+        self._last_rx = trio.current_time()
         try:
             while True:
                 for frame in frames:
@@ -679,6 +802,22 @@ class Connection:
                         sub = subs.get(frame.sub)
                         if sub is None:
                             continue  # closed meanwhile: the broker requeues it
+                        audit = sub._audit
+                        acked = audit.get(frame.msg)
+                        if acked is None:
+                            audit[frame.msg] = False
+                            if len(audit) > sub._audit_size + _AUDIT_SLACK:
+                                # oldest first, a slice at a time: popping one key per
+                                # message from the front of a dict rescans the holes
+                                # left there, about a microsecond a message
+                                for old in list(islice(audit, _AUDIT_SLACK)):
+                                    del audit[old]
+                        elif acked:   # processed before a failover: settle it again
+                            self._queue(Ack(frame.sub, frame.msg))
+                            continue
+                        elif not frame.redelivered:
+                            frame.redelivered = 1   # handed out before, never acked
+                        sub._unsettled.append(frame.msg)
                         msg = ReceivedMessage(frame, self, gen)
                         if sub is self._reply_sub:
                             self._route_reply(msg)
@@ -690,6 +829,7 @@ class Connection:
                     self._confirm_room.set()
                     self._confirm_room = trio.Event()
                 frames = await framed.receive_frames()
+                self._last_rx = trio.current_time()
         except trio.EndOfChannel:
             self._lost = self._lost or _Lost("broker closed the connection")
         except FrameError as exc:
@@ -730,6 +870,9 @@ class Connection:
         if ref is None:
             raise _Lost(f"broker closed the connection: [{frame.code}] {frame.message}") \
                 from exc
+        if ref == _STAT_REF and self._stat_waiters:   # stat refused (not an admin)
+            self._stat_waiters.popleft().set(error=exc)
+            return
         waiter = self._receipt_waiters.pop(ref, None)
         if self._unconfirmed.pop(ref, None) is not None and waiter is None:
             self._refused.append(exc)
@@ -748,13 +891,18 @@ class Connection:
 
 
 @asynccontextmanager
-async def connect(uri: str, *, client_id: str | None = None, **options: Any,
-                  ) -> AsyncIterator[Connection]:
+async def connect(uri: str, *, client_id: str | None = None, username: str | None = None,
+                  password: str | None = None, ssl_context: ssl.SSLContext | None = None,
+                  **options: Any) -> AsyncIterator[Connection]:
     """``async with connect("tcp://127.0.0.1:61616") as conn:`` — connected and
-    handshaken on entry; flushed, bye sent and closed on exit.  ``options``:
+    handshaken on entry; flushed, bye sent and closed on exit.  ``username`` /
+    ``password`` go in the hello of a broker with authentication on (a refusal raises
+    RemoteError(code="auth_failed")); ``ssl_context`` is used for ``ssl://`` URIs (e.g.
+    ``transport.tls.client_context(ca=...)``; default: the system CAs).  ``options``:
     ``max_frame``, ``high_water``, ``max_unconfirmed``.  Raises ConnectionClosed when
     no broker can be reached, the broker's RemoteError when it refuses our hello."""
-    conn = Connection(uri, client_id=client_id, **options)
+    conn = Connection(uri, client_id=client_id, username=username, password=password,
+                      ssl_context=ssl_context, **options)
     failure = None
     try:
         async with trio.open_nursery() as nursery:

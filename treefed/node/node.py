@@ -42,11 +42,33 @@ Invariants:
   (waiting / connecting / operational / failed) and last error in ``statistics()``.
 * Only this package sleeps: back-off, heartbeats, lingering closes, the expiry timer.
   ``now`` handed to the Site is epoch seconds (``time.time()``).
+
+Faults (issue #7).  A full store (``max_store_bytes`` or the disk) never stops the
+broker: the failed batch's messages are withdrawn from the core (their Deliver/Forward
+frames are not sent, receipts become ``store_full`` errors, a link that forwarded one is
+closed unacked so the peer keeps its copy), the batch's deletes are committed alone, and
+persistent input is refused at the door until a commit succeeds again.  A connection
+found dead by heartbeats is cut off at once (a half-open socket never drains); its
+connector shows ``waiting`` and why.  Client hellos announce ``heartbeat_interval`` so
+clients watch the broker too.  Master/slave waiting happens before the node exists
+(``run.py``).
+
+Security (``[security]``, issue #8).  ``ssl://`` listeners handshake before a connection
+exists (``transport.tls.serve_tls``); ``ssl://`` connectors dial with the client context
+and send the connector's credentials in their hello.  With authentication on, an
+accepted connection's reader authenticates its hello *before* the site task sees it: the
+scrypt check runs in a worker thread (a few at a time), so a login never stalls the
+broker; a failure is logged without the password, waits the Authenticator's delay, gets
+``Error(auth_failed)`` and is closed.  Connections that authenticated to us get a
+``security.Guard`` that screens each frame (subscribe, send, stat, advisory, forward)
+before the Site, against permissions and, on tree child links, the child's scope.
+Links we dialed are not screened: we chose the peer, and TLS verified it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -62,13 +84,15 @@ from treefed.federation.settings import KINDS, LinkSettings
 from treefed.federation.site import Site
 from treefed.log import get_logger
 from treefed.persistence import MemoryStore
+from treefed.security.guard import Guard
 from treefed.transport.backoff import backoff_for
 from treefed.transport.framed import FramedStream
-from treefed.transport.streams import connect_with_retry, open_tcp, serve_tcp
+from treefed.transport.streams import connect_with_retry, open_tcp, peer_address, serve_tcp
+from treefed.transport.tls import peer_identity, serve_tls
 from treefed.transport.uri import Endpoint, Failover, Static, parse_uri
 from treefed.wire.codec import check_hello
-from treefed.wire.frames import (PROTOCOL_VERSION, Bye, Error, Hello, Ping, Pong, Receipt,
-                                 StatReply, StatRequest)
+from treefed.wire.frames import (PROTOCOL_VERSION, Bye, Deliver, Error, Forward, ForwardAck,
+                                 Hello, Ping, Pong, Receipt, Send, StatReply, StatRequest)
 
 __all__ = ["BrokerNode", "Dialer", "CLIENT_HIGH_WATER", "LINK_HIGH_WATER"]
 
@@ -86,10 +110,17 @@ LINGER = 2.0
 HELLO_TIMEOUT = 30.0
 #: +/- fraction applied to reconnect delays of dialed links.
 RECONNECT_JITTER = 0.1
+#: Password checks (scrypt: ~16 MiB and ~0.1 s each) running at once, so a flood of
+#: logins costs bounded memory and leaves CPU for the traffic.
+AUTH_THREADS = 4
 
 _EOF = object()          # inbox marker: the peer closed or the socket broke
 _PENDING, _CLIENT, _LINK = "pending", "client", "link"
 _SOCKET_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+#: destinations whose persistent messages are never stored (no store_full refusal)
+_UNSTORED = ("topic://", "temp-")
+_STORE_FULL = StoreError("the message store is full (max_store_bytes or the disk): "
+                         "persistent message refused, retry later", code="store_full")
 
 
 class _Conn:
@@ -98,7 +129,7 @@ class _Conn:
 
     __slots__ = ("id", "kind", "framed", "out", "wake", "high_water", "paused", "resume",
                  "closing", "dead", "writer_done", "hello", "dialer", "peer",
-                 "remote", "opened", "last_rx", "pinged")
+                 "remote", "opened", "last_rx", "pinged", "user", "guard", "scope")
 
     def __init__(self, conn_id: str, framed: FramedStream, remote: str,
                  dialer: Dialer | None) -> None:
@@ -120,6 +151,10 @@ class _Conn:
         self.opened = time.time()
         self.last_rx = trio.current_time()  # heartbeats: when we last heard from it
         self.pinged: float | None = None    # heartbeats: when we last pinged it
+        self.user: str | None = None        # who authenticated (None: nobody / auth off)
+        self.guard: Guard | None = None     # frame screen; None = nothing to check
+        self.scope: trio.CancelScope | None = None  # its tasks: a dead peer is cut off
+        #                                     at once (a half-open socket never drains)
 
     def queue(self, frame: Any) -> None:
         self.out.append(frame)
@@ -142,6 +177,8 @@ class Dialer:
     attempts: int = 0
     connects: int = 0
     last_error: str | None = None
+    username: str | None = None     # credentials for our hello (None: none / certificate)
+    password: str | None = None
 
     def status(self) -> dict:
         return {"connector": self.settings.kind, "name": self.settings.name,
@@ -182,8 +219,10 @@ class BrokerNode:
         self.broker_id = b.id
         self.store = store if store is not None else MemoryStore()
         self._threaded_store = not isinstance(self.store, MemoryStore)
+        tc = config.tree_connector
         broker = Broker(b.id, config.policy_set(), max_redeliveries=b.max_redeliveries,
-                        dlq=b.dlq, log_messages=config.logging.message_events)
+                        dlq=b.dlq, log_messages=config.logging.message_events,
+                        replay_delay=tc.replay_delay if tc is not None else 0.0)
         tree = config.tree_connector.tree_settings() if config.tree_connector else None
         self.site = Site(b.id, broker=broker, tree=tree,
                          accept_tree_children=b.accept_tree_children, log_advisories=True)
@@ -194,23 +233,40 @@ class BrokerNode:
         self._next_conn = 0
         self._inbox_send, self._inbox = trio.open_memory_channel[tuple](INBOX_SIZE)
         self.addresses: list[tuple[str, int]] = []
+        self._schemes: list[str] = []   # per address: "tcp" or "ssl"
         self.dialers: list[Dialer] = []
-        for settings, uri, key in self._connectors():
+        for settings, uri, key, (user, password) in self._connectors():
             for target, name in _dial_targets(uri, key):
-                self.dialers.append(Dialer(settings, target, name))
+                self.dialers.append(Dialer(settings, target, name, username=user or None,
+                                           password=password or None))
+        # security: contexts are built (files read) now, so a bad path fails at start
+        sec = config.security
+        self._auth = sec.authenticator() if sec.authentication else None
+        self._auth_limiter = trio.CapacityLimiter(AUTH_THREADS)
+        self._authz = sec.authorizer()
+        self._tree_scope = sec.tree.tree_scope(temp_destinations=sec.temp_destinations)
+        self._server_ssl = (sec.tls.server_context()
+                            if any(u.lower().startswith("ssl:") for u in b.listen) else None)
+        self._client_ssl = (sec.tls.client_context()
+                            if any(e.scheme == "ssl" for d in self.dialers
+                                   for e in d.target.endpoints) else None)
         self._stopping = False
         self._stopped = trio.Event()
         self._batch_lock = trio.Lock()  # held while a batch is handled and committed
         self.batches = 0            # site-task batches handled (stat, tests)
         self.commits = 0            # store transactions
+        self.store_full = False     # the last commit found the store full: persistent
+        #                             sends are refused at the door until a delete commits
 
-    def _connectors(self) -> list[tuple[LinkSettings, str, str]]:
+    def _connectors(self) -> list[tuple[LinkSettings, str, str, tuple[str, str]]]:
         out = []
         tc = self.config.tree_connector
         if tc is not None:
-            out.append((tc.link_settings(), tc.uri, "tree_connector.uri"))
+            out.append((tc.link_settings(), tc.uri, "tree_connector.uri",
+                        (tc.username, tc.password)))
         for i, nc in enumerate(self.config.network_connectors):
-            out.append((nc.link_settings(), nc.uri, f"network_connector[{i}].uri"))
+            out.append((nc.link_settings(), nc.uri, f"network_connector[{i}].uri",
+                        (nc.username, nc.password)))
         return out
 
     # ------------------------------------------------------------------ lifecycle
@@ -237,9 +293,22 @@ class BrokerNode:
             nursery.start_soon(self._site_loop)
             for i, text in enumerate(b.listen):
                 ep = parse_uri(text, key=f"broker.listen[{i}]", listen=True)
-                port = await nursery.start(serve_tcp, self._accept, ep.host, ep.port)
+                if ep.scheme == "ssl":
+                    serve = functools.partial(
+                        serve_tls, self._accept, ep.host, ep.port, self._server_ssl,
+                        handshake_timeout=self.config.security.tls.handshake_timeout,
+                        log=self.log)
+                else:
+                    serve = functools.partial(serve_tcp, self._accept, ep.host, ep.port)
+                port = await nursery.start(serve)
                 self.addresses.append((ep.host, port))
-                self.log.info("broker.listening", uri=f"tcp://{ep.host}:{port}")
+                self._schemes.append(ep.scheme)
+                self.log.info("broker.listening", uri=f"{ep.scheme}://{ep.host}:{port}")
+            for dialer in self.dialers:
+                if dialer.password and any(e.scheme != "ssl"
+                                           for e in dialer.target.endpoints):
+                    self.log.warning("security.plaintext_password", link=dialer.uri,
+                                     hint="use an ssl:// connector URI")
             for dialer in self.dialers:
                 nursery.start_soon(self._dial_loop, dialer)
             if b.heartbeat_interval > 0:
@@ -289,18 +358,18 @@ class BrokerNode:
             await trio.aclose_forcefully(stream)
 
     async def _run_conn(self, stream: trio.abc.Stream, dialer: Dialer | None) -> None:
-        try:
-            host, port = stream.socket.getpeername()[:2]
-            remote = f"{host}:{port}"
-        except (AttributeError, OSError):
-            remote = "?"
+        remote = peer_address(stream) or "?"
         c = _Conn(self._new_id(), FramedStream(stream, self.config.broker.max_frame_bytes),
                   remote, dialer)
         if dialer is not None:
-            c.queue(self.site.hello(dialer.settings))
+            hello = self.site.hello(dialer.settings)
+            if dialer.username is not None:
+                hello.username, hello.password = dialer.username, dialer.password
+            c.queue(hello)
         self._conns[c.id] = c
         try:
             async with trio.open_nursery() as nursery:
+                c.scope = nursery.cancel_scope
                 nursery.start_soon(self._writer, c, nursery)
                 await self._reader(c)
                 with trio.move_on_after(LINGER):
@@ -321,7 +390,11 @@ class BrokerNode:
                 raise FrameError(f"no hello within {HELLO_TIMEOUT:g} s",
                                  code="hello_timeout")
             c.last_rx = trio.current_time()
-            await inbox.send((c, frames))
+            # with authentication on, an accepted peer reaches the site task only once
+            # its hello passed; a refused one has its error queued and is drained below
+            if (self._auth is None or c.dialer is not None
+                    or await self._authenticate(c, frames[0])):
+                await inbox.send((c, frames))
             while not c.closing:
                 if c.paused:
                     await c.resume.wait()
@@ -342,6 +415,29 @@ class BrokerNode:
                 pass
         except _SOCKET_ERRORS:
             pass
+
+    async def _authenticate(self, c: _Conn, hello: Any) -> bool:
+        """Check an accepted connection's hello (before the site task sees it).  On
+        failure: log (no password), wait the delay, queue Error(auth_failed), close."""
+        if type(hello) is not Hello:
+            return True  # not a hello at all: the site task refuses it as such
+        auth = self._auth
+        identity = peer_identity(c.framed.stream)
+        verdict = await trio.to_thread.run_sync(auth.check, hello, identity,
+                                                limiter=self._auth_limiter)
+        result = auth.settle(verdict, time.time(), c.remote.rpartition(":")[0])
+        fields = result.log_fields()
+        if result.ok:
+            c.user = result.user
+            self.log.info("auth.ok", conn=c.id, remote=c.remote, role=hello.role, **fields)
+            return True
+        self.log.warning("auth.failed", conn=c.id, remote=c.remote, role=hello.role,
+                         **fields)
+        await trio.sleep(result.delay)
+        c.dead = True   # the Site never learnt of it
+        c.closing = True
+        c.queue(result.error_frame())
+        return False
 
     async def _writer(self, c: _Conn, nursery: trio.Nursery) -> None:
         framed = c.framed
@@ -378,7 +474,8 @@ class BrokerNode:
             dialer.endpoint = str(endpoint)
             if self._open_stream is not None:
                 return await self._open_stream(endpoint)
-            return await open_tcp(endpoint, connect_timeout=connect_timeout)
+            return await open_tcp(endpoint, connect_timeout=connect_timeout,
+                                  ssl_context=self._client_ssl)
 
         def on_attempt(endpoint: Endpoint, attempt: int, error: RemoteError | None) -> None:
             dialer.attempts += 1
@@ -424,9 +521,14 @@ class BrokerNode:
                     if now - c.pinged >= interval:
                         self.log.warning("conn.dead", conn=c.id, remote=c.remote,
                                          silent=round(silent, 3))
+                        if c.dialer is not None:
+                            c.dialer.last_error = f"peer silent for {silent:.1f} s " \
+                                                  "(heartbeat)"
                         c.closing = True
                         c.wake.set()
                         await self._inbox_send.send((c, _EOF))
+                        if c.scope is not None:
+                            c.scope.cancel()   # no flush, no linger: nobody is there
                 elif silent >= interval:
                     c.pinged = now
                     c.queue(Ping(0))
@@ -482,8 +584,10 @@ class BrokerNode:
                     return  # refused: the Close is queued, ignore the rest
                 cid = c.id
             elif kind is StatRequest:
-                actions.append(Out(cid, StatReply(self.statistics())))
+                if c.guard is None or c.guard.screen(cid, frame, actions):
+                    actions.append(Out(cid, StatReply(self.statistics())))
             elif kind is Bye:
+                self.log.info("conn.bye", conn=cid, peer=c.peer, reason=frame.reason)
                 actions.append(Close(cid))
                 return
             elif kind is Pong:
@@ -493,7 +597,30 @@ class BrokerNode:
             else:
                 if kind is Error and c.kind is _LINK:
                     self._link_error(c, frame)
+                    if frame.ref is not None:
+                        # the peer refused one request of ours (a forward it would not
+                        # take, an advisory it may not hear): logged, the link stays up
+                        continue
+                guard = c.guard
+                if guard is not None and not guard.screen(cid, frame, actions):
+                    continue
+                if self.store_full and (kind is Send or kind is Forward) \
+                        and frame.persistent and not frame.dst.startswith(_UNSTORED):
+                    if self._refuse_when_full(c, frame, actions):
+                        return
+                    continue
                 actions += site.handle_frame(cid, frame, now)
+
+    def _refuse_when_full(self, c: _Conn, frame: Any, actions: list) -> bool:
+        """The store is full: a producer's persistent send is refused (it may retry); a
+        peer's persistent forward closes the link, so the peer keeps its copy and
+        forwards it again after its back-off.  True when the connection is closing."""
+        if type(frame) is Send:
+            actions.append(Out(c.id, Error(_STORE_FULL.code, _STORE_FULL.message, frame.id)))
+            return False
+        self.log.warning("store.full_link", conn=c.id, peer=c.peer)
+        actions.append(Close(c.id, Error(_STORE_FULL.code, _STORE_FULL.message)))
+        return True
 
     def _on_hello(self, c: _Conn, frame: Any, now: float, actions: list) -> None:
         if type(frame) is Error and c.dialer is not None:   # the peer refused our hello
@@ -512,9 +639,13 @@ class BrokerNode:
                                            code="bad_role"), "client on a link", actions)
                 return
             c.kind = _CLIENT
+            if self._authz is not None:
+                c.guard = Guard(c.user, self._authz)
+            hb = self.config.broker.heartbeat_interval
             actions.append(Out(c.id, Hello(PROTOCOL_VERSION, "broker",
                                            broker_id=self.broker_id,
-                                           name=self.config.broker.name)))
+                                           name=self.config.broker.name,
+                                           options={"heartbeat_interval": hb} if hb else {})))
             actions += self.site.client_connected(c.id, now)
             return
         # a broker link
@@ -547,7 +678,28 @@ class BrokerNode:
             c.dialer.state = "operational"
             c.dialer.connects += 1
             c.dialer.last_error = None
+        else:
+            c.guard = self._link_guard(c, hello)
         actions += result
+
+    def _link_guard(self, c: _Conn, hello: Hello) -> Guard | None:
+        """The screen of an accepted link: the peer user's permissions and, for a tree
+        child, its scope (a leaf's subtree is itself; a branch's grows with the brokers
+        the Site lets it claim)."""
+        bridge = self.site.bridge(c.id)
+        scope = None
+        if self._tree_scope is not None and bridge is not None and bridge.lane == "child":
+            scope = self._tree_scope.for_child(c.peer, leaf=hello.node_type == "leaf")
+        if scope is None and self._authz is None:
+            return None
+        site = self.site
+
+        def claimable(broker_id: str) -> bool:
+            return site.subtree_owner(broker_id) in (None, bridge)
+
+        return Guard(c.user, self._authz, scope=scope, claimable=claimable,
+                     link=bridge.name if bridge is not None else None, peer=c.peer,
+                     dropped=site.dropped)
 
     def _rename(self, c: _Conn, wanted: str) -> None:
         new, n = wanted, 1
@@ -584,6 +736,8 @@ class BrokerNode:
         if c.dead:
             return
         c.dead = True
+        if c.dialer is not None and c.dialer.conn == c.id:
+            c.dialer.state = "waiting"      # as soon as the link is gone, not after linger
         if c.kind is _CLIENT:
             actions += self.site.client_closed(c.id, now)
         elif c.kind is _LINK:
@@ -622,15 +776,14 @@ class BrokerNode:
             if stores or deletes:
                 refused = await self._commit(stores, deletes)
             more: list = []
+            if refused is not None:
+                deferred = self._take_back(refused, stores, deferred, now, more)
             for a in deferred:
                 c = conns.get(a.conn)
                 if c is None or c.closing:
                     continue
                 if type(a) is Out:
                     frame = a.frame
-                    if refused is not None and type(frame) is Receipt and frame.id in refused:
-                        frame = Error(refused[frame.id].code, refused[frame.id].message,
-                                      frame.id)
                     c.out.append(frame)
                     if len(c.out) > c.high_water:
                         self.log.warning("conn.overflow", conn=c.id, queued=len(c.out))
@@ -646,20 +799,67 @@ class BrokerNode:
                     self._forget(c, now, more)
             actions = more
 
+    def _take_back(self, refused: dict, stores: list, deferred: list, now: float,
+                   more: list) -> list:
+        """The batch's stores were not committed: withdraw those messages from the core
+        (``more`` gets what that frees) and rewrite the batch's Outs — no Deliver or
+        Forward of them leaves, their receipts become errors, and a link that forwarded
+        one is closed instead of acked (the peer keeps its copy: store-and-forward)."""
+        broker = self.site.broker
+        for m in stores:
+            more += broker.withdraw(m.id, m.dst, now)
+        gone = {(m.id, m.dst) for m in stores}
+        kept: list = []
+        for a in deferred:
+            frame = a.frame if type(a) is Out else None
+            kind = type(frame)
+            if kind is Deliver and (frame.msg, frame.dst) in gone:
+                continue
+            if kind is Forward and (frame.id, frame.dst) in gone:
+                continue
+            if kind is Receipt and frame.id in refused:
+                exc = refused[frame.id]
+                a = Out(a.conn, Error(exc.code, exc.message, frame.id))
+            elif kind is ForwardAck and any(i in refused for i in frame.ids):
+                exc = refused[next(i for i in frame.ids if i in refused)]
+                a = Close(a.conn, Error(exc.code, exc.message))
+            kept.append(a)
+        return kept
+
     async def _commit(self, stores: list, deletes: list) -> dict | None:
         """One transaction for the batch.  On failure the broker keeps running: the
-        receipts of the messages it could not store become errors (not confirmed)."""
+        messages it could not store are refused (see ``_take_back``).  A full store
+        still commits the batch's deletes on their own — an acked message must not come
+        back after a restart — and refuses persistent input at the door until a later
+        commit succeeds (deletes make room)."""
         self.commits += 1
         try:
-            if self._threaded_store:
-                await trio.to_thread.run_sync(self.store.apply, stores, deletes)
-            else:
-                self.store.apply(stores, deletes)
+            await self._apply(stores, deletes)
         except StoreError as exc:
             self.log.error("store.failed", code=exc.code, error=exc.message,
                            stores=len(stores), deletes=len(deletes))
+            if exc.code == "store_full":
+                if not self.store_full:
+                    self.log.warning("store.full", refused=len(stores))
+                self.store_full = True
+                exc = _STORE_FULL
+                if deletes and stores:
+                    try:
+                        await self._apply([], deletes)
+                    except StoreError as again:
+                        self.log.error("store.failed", code=again.code,
+                                       error=again.message, deletes=len(deletes))
             return {m.id: exc for m in stores}
+        if self.store_full:
+            self.store_full = False
+            self.log.info("store.space", deletes=len(deletes))
         return None
+
+    async def _apply(self, stores: list, deletes: list) -> None:
+        if self._threaded_store:
+            await trio.to_thread.run_sync(self.store.apply, stores, deletes)
+        else:
+            self.store.apply(stores, deletes)
 
     def _log_event(self, a: Log) -> None:
         if self._event_sink is not None:
@@ -678,7 +878,8 @@ class BrokerNode:
         stats = self.site.statistics()
         stats["name"] = self.config.broker.name
         stats["node_type"] = self.site.node_type
-        stats["listeners"] = [f"tcp://{h}:{p}" for h, p in self.addresses]
+        stats["listeners"] = [f"{scheme}://{h}:{p}"
+                              for scheme, (h, p) in zip(self._schemes, self.addresses)]
         stats["connectors"] = [d.status() for d in self.dialers]
         stats["conns"] = [{"conn": c.id, "kind": c.kind, "remote": c.remote, "peer": c.peer,
                            "queued": len(c.out), "paused": c.paused,
@@ -686,4 +887,12 @@ class BrokerNode:
                           for c in self._conns.values() if not c.dead]
         stats["batches"] = self.batches
         stats["commits"] = self.commits
+        stats["store_full"] = self.store_full
+        if self._auth is not None or self._tree_scope is not None:
+            stats["security"] = {
+                "authentication": self._auth is not None,
+                "tree_scope": self._tree_scope is not None,
+                "denied": sum(c.guard.denied for c in self._conns.values()
+                              if c.guard is not None and not c.dead),
+                "authz_cache": self._authz.statistics() if self._authz else None}
         return stats

@@ -2,10 +2,17 @@
 
 Theory of operation
 -------------------
-The process owns its data directory through ``persistence.acquire_lock`` (a second
-broker on the same directory is refused, not allowed to corrupt the store), opens the
-SqliteStore there, puts every stored message back on its queue, and serves until SIGTERM
-or SIGINT.  A signal starts the graceful stop (``BrokerNode.shutdown``: no new
+The process owns its data directory through ``persistence.acquire_lock``, opens the
+SqliteStore there (capped at ``max_store_bytes``), puts every stored message back on its
+queue, and serves until SIGTERM or SIGINT.
+
+Master/slave on a shared directory: when the lock is held by a broker with *our* id, this
+process is its slave — it logs ``broker.slave``, opens no listener and no link, and polls
+the lock every ``SLAVE_POLL`` seconds; the kernel frees the lock the moment the master
+dies (even by kill -9), and the slave then logs ``broker.master`` and starts exactly as a
+master does, from the same store.  A lock held by a *different* broker id is a
+misconfiguration: refused (status 1), never allowed to corrupt the store.  A signal while
+waiting ends the slave (status 0).  A signal starts the graceful stop (``BrokerNode.shutdown``: no new
 connections, ``bye`` to every peer, flush, close); the store is closed last.  A kill -9
 skips all of that and loses nothing confirmed: receipts are only sent after commit.
 """
@@ -14,6 +21,8 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
+from typing import Any
 
 import trio
 
@@ -21,9 +30,12 @@ from treefed.config import BrokerConfig
 from treefed.errors import TreefedError
 from treefed.log import configure_logging, get_logger
 from treefed.node.node import BrokerNode
-from treefed.persistence import SqliteStore, acquire_lock
+from treefed.persistence import SqliteStore, acquire_lock, read_lock
 
-__all__ = ["run_broker", "serve_until_signal"]
+__all__ = ["run_broker", "serve_until_signal", "wait_for_lock", "SLAVE_POLL"]
+
+#: Seconds between a slave's attempts at the lock: bounds the take-over time.
+SLAVE_POLL = 0.1
 
 
 async def serve_until_signal(node: BrokerNode,
@@ -39,6 +51,30 @@ async def serve_until_signal(node: BrokerNode,
                 await node.shutdown()
                 return signum
     return 0  # pragma: no cover - the receiver never ends by itself
+
+
+async def wait_for_lock(data_dir: str, owner: str, *, poll: float = SLAVE_POLL,
+                        signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Any:
+    """As a slave: poll the lock until it is ours (returns the LockHandle) or a signal
+    arrives (returns None)."""
+    with trio.open_signal_receiver(*signals) as received:
+        async with trio.open_nursery() as nursery:
+            got: list = []
+
+            async def poll_lock() -> None:
+                while True:
+                    lock = acquire_lock(data_dir, owner=owner)
+                    if lock is not None:
+                        got.append(lock)
+                        nursery.cancel_scope.cancel()
+                        return
+                    await trio.sleep(poll)
+
+            nursery.start_soon(poll_lock)
+            async for _ in received:
+                nursery.cancel_scope.cancel()
+                break
+    return got[0] if got else None
 
 
 def _only_treefed_error(exc: BaseException) -> TreefedError | None:
@@ -58,20 +94,33 @@ def run_broker(config: BrokerConfig) -> int:
     configure_logging(config.logging.level, file=config.logging.file or None)
     log = get_logger(broker=config.broker.id)
     data_dir = config.broker.data_dir
+    me = config.broker.id
     try:
-        lock = acquire_lock(data_dir)
+        lock = acquire_lock(data_dir, owner=me)
+        if lock is None:
+            pid, owner = read_lock(data_dir)
+            if owner != me:
+                message = (f"data directory {data_dir} is locked by another broker process"
+                           f" ({owner or 'unknown'}, pid {pid}); only a slave of the same "
+                           "broker id may share it")
+                log.error("broker.failed", error=message)
+                print(f"treefed broker: {message}", file=sys.stderr)
+                return 1
+            log.info("broker.slave", data_dir=data_dir, master_pid=pid)
+            began = time.monotonic()
+            lock = trio.run(wait_for_lock, data_dir, me)
+            if lock is None:
+                log.info("broker.stopped", role="slave")
+                return 0
+            log.info("broker.master", data_dir=data_dir,
+                     waited=round(time.monotonic() - began, 3))
     except TreefedError as exc:
         log.error("broker.failed", error=exc.message)
         print(f"treefed broker: {exc.message}", file=sys.stderr)
         return 1
-    if lock is None:
-        message = f"data directory {data_dir} is locked by another broker process"
-        log.error("broker.failed", error=message)
-        print(f"treefed broker: {message}", file=sys.stderr)
-        return 1
     with lock:
         try:
-            store = SqliteStore(data_dir)
+            store = SqliteStore(data_dir, max_bytes=config.broker.max_store_bytes)
         except TreefedError as exc:
             log.error("broker.failed", error=exc.message, code=exc.code)
             print(f"treefed broker: {exc.message}", file=sys.stderr)

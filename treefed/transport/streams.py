@@ -5,7 +5,8 @@ Theory of operation
 The thin edge between treefed and the operating system's sockets:
 
 * ``open_tcp`` dials one ``Endpoint`` (TCP_NODELAY on: frames are small and latency
-  matters more than packet count, and writers already batch into one ``send_all``).
+  matters more than packet count, and writers already batch into one ``send_all``); an
+  ``ssl://`` endpoint is handed to ``tls.open_tls`` and comes back handshaken.
 * ``serve_tcp`` listens and runs ``handler(stream)`` per connection; the stream is always
   closed afterwards, and a peer that vanishes or misbehaves ends only its own connection.
 * ``connect_with_retry`` walks a ``Failover``/``Static`` list pass by pass, sleeping the
@@ -14,13 +15,15 @@ The thin edge between treefed and the operating system's sockets:
   with no sockets at all; the memory scenario engine uses it.
 
 OSError is translated here, once: a failed dial is ``RemoteError(code="unreachable")``,
-a failed bind ``LocalError(code="listen_failed")``.  Errors of our own making
-(``LocalError``, e.g. an ``ssl://`` endpoint, not built yet) are never retried.
+a failed TLS handshake ``RemoteError(code="tls_failed")``, a failed bind
+``LocalError(code="listen_failed")``.  Errors of our own making (``LocalError``, e.g. an
+unknown scheme) are never retried.
 """
 
 from __future__ import annotations
 
 import functools
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -34,8 +37,8 @@ from treefed.transport.uri import Endpoint, Target
 if TYPE_CHECKING:
     import random
 
-__all__ = ["open_tcp", "serve_tcp", "connect_with_retry", "memory_stream_pair",
-           "DEFAULT_CONNECT_TIMEOUT"]
+__all__ = ["open_tcp", "dial_tcp", "serve_tcp", "connect_with_retry", "memory_stream_pair",
+           "peer_address", "DEFAULT_CONNECT_TIMEOUT"]
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 
@@ -44,12 +47,28 @@ OnAttempt = Callable[[Endpoint, int, "RemoteError | None"], Any]
 
 
 async def open_tcp(endpoint: Endpoint, *,
-                   connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT) -> trio.abc.Stream:
-    """Connect to ``endpoint``. Raises RemoteError(code="unreachable") on failure or
-    timeout, LocalError(code="unsupported") for schemes not built yet."""
+                   connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+                   ssl_context: ssl.SSLContext | None = None,
+                   server_hostname: str | None = None) -> trio.abc.Stream:
+    """Connect to ``endpoint``: plain TCP for ``tcp://``, TLS for ``ssl://`` (with
+    ``ssl_context``, default: system CAs and host-name check; see ``tls.open_tls``).
+    Raises RemoteError(code="unreachable" | "tls_failed") on failure or timeout."""
+    if endpoint.scheme == "ssl":
+        from treefed.transport.tls import default_client_context, open_tls  # imports us
+
+        return await open_tls(endpoint, ssl_context or default_client_context(),
+                              server_hostname=server_hostname,
+                              connect_timeout=connect_timeout)
     if endpoint.scheme != "tcp":
-        raise LocalError(f"{endpoint}: {endpoint.scheme}:// is not supported yet",
+        raise LocalError(f"{endpoint}: {endpoint.scheme}:// is not supported",
                          code="unsupported")
+    return await dial_tcp(endpoint, connect_timeout)
+
+
+async def dial_tcp(endpoint: Endpoint,
+                   connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+                   ) -> trio.SocketStream:
+    """The TCP connection under either scheme, TCP_NODELAY on."""
     try:
         with trio.move_on_after(connect_timeout if connect_timeout is not None
                                 else float("inf")) as scope:
@@ -62,6 +81,19 @@ async def open_tcp(endpoint: Endpoint, *,
                           f"{connect_timeout} s", code="unreachable")
     stream.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, True)
     return stream
+
+
+def peer_address(stream: trio.abc.Stream) -> str:
+    """``host:port`` of the far end of a socket stream (through TLS), for log lines and
+    failure bookkeeping; "" for in-memory streams."""
+    while isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
+    sock = getattr(stream, "socket", None)
+    try:
+        host, port = sock.getpeername()[:2]
+    except (AttributeError, OSError, TypeError, ValueError):
+        return ""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 async def _run_handler(handler: Handler, stream: trio.abc.Stream) -> None:
@@ -104,6 +136,7 @@ async def connect_with_retry(
     on_attempt: OnAttempt | None = None,
     connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
     open_stream: Callable[..., Awaitable[trio.abc.Stream]] = open_tcp,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> tuple[trio.abc.Stream, Endpoint]:
     """Connect to the first endpoint of ``target`` that answers.
 
@@ -115,7 +148,8 @@ async def connect_with_retry(
     calls ``backoff.disconnected(trio.current_time())`` when the stream dies.
 
     For a ``Static`` target the node normally runs one link per endpoint, as ActiveMQ does;
-    given the whole list, this walks it like a failover list.
+    given the whole list, this walks it like a failover list.  ``ssl_context`` is passed
+    on to ``open_stream`` for ``ssl://`` endpoints.
     """
     endpoints = list(target.endpoints)
     randomize = getattr(target, "randomize", False)
@@ -134,7 +168,11 @@ async def connect_with_retry(
         for endpoint in endpoints:
             tries += 1
             try:
-                stream = await open_stream(endpoint, connect_timeout=connect_timeout)
+                if ssl_context is not None and endpoint.scheme == "ssl":
+                    stream = await open_stream(endpoint, connect_timeout=connect_timeout,
+                                               ssl_context=ssl_context)
+                else:
+                    stream = await open_stream(endpoint, connect_timeout=connect_timeout)
             except RemoteError as exc:
                 last_error = exc
                 if on_attempt is not None:
