@@ -1,0 +1,182 @@
+"""Tests for treefed.scenario.engines.replay: the virtual-clock engine end to end."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from treefed.events import validate_event
+from treefed.scenario.engines.replay import ReplayEngine
+from treefed.scenario.results import Recorder
+from treefed.scenario.spec import load_scenario, parse_scenario
+from treefed.scenario.workload import build_plan
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+
+
+class ListWriter:
+    """EventWriter stand-in keeping decoded lines in memory."""
+
+    def __init__(self) -> None:
+        self.lines: list[dict] = []
+
+    def write(self, ts: float, broker: str, event: str, fields: dict | None = None) -> None:
+        self.lines.append({"ts": ts, "broker": broker, "event": event, **(fields or {})})
+
+
+def run(sc, label: str):
+    plan = build_plan(sc)
+    writer = ListWriter()
+    rec = Recorder(plan, writer)
+    figures = ReplayEngine(plan, sc.mode(label), rec).run()
+    return figures["outcome"], writer.lines, rec
+
+
+def estate(timeline: list | None = None, **workload: object):
+    doc = {"name": "r", "seed": 1, "topology": {"regions": 2, "stores_per_region": 3},
+           "mode": [{"connector": "tree"},
+                    {"connector": "mesh", "network_ttl": 1, "duplex": True},
+                    {"connector": "mesh", "network_ttl": 2, "duplex": True}],
+           "workload": {"store_queue_consumers": True, **workload}}
+    if timeline:
+        doc["timeline"] = timeline
+    return parse_scenario(doc)
+
+
+@pytest.fixture(scope="module")
+def small():
+    return load_scenario(SCENARIOS / "retail-small.toml")
+
+
+class TestRetailSmall:
+    def test_tree_delivers_everything(self, small) -> None:
+        """Tree mode: every expected delivery happens exactly once, nothing strands."""
+        out, lines, _ = run(small, "tree")
+        assert out["expected"] == 40 and out["delivered"] == 40
+        assert out["duplicates"] == 0 and out["unexpected"] == 0 and out["stranded"] == 0
+
+    def test_mesh_ttl1_strands_hq_to_store(self, small) -> None:
+        """TTL 1: store interest reaches the region only, so HQ->store messages strand
+        (at HQ) and no broadcast arrives."""
+        out, lines, _ = run(small, "mesh-ttl1")
+        assert out["by_kind"]["hq_to_store"]["delivered"] == 0
+        assert out["by_kind"]["broadcast"]["delivered"] == 0
+        stranded = [e for e in lines if e["event"] == "message.stranded"]
+        at_hq = [e for e in stranded if e["dst"].startswith("queue://Store.")
+                 and e["broker"] == "hq"]
+        assert len(at_hq) == 10 and out["stranded"] == len(stranded)
+
+    def test_mesh_ttl2_reaches_siblings_not_cousins(self, small) -> None:
+        """TTL 2: HQ->store and store->HQ arrive; store->store only within a region."""
+        out, _, _ = run(small, "mesh-ttl2")
+        kinds = out["by_kind"]
+        assert kinds["hq_to_store"]["delivered"] == 10
+        assert kinds["store_to_hq"]["delivered"] == 10
+        assert 0 < kinds["store_to_store"]["delivered"] < 10
+        assert out["stranded"] == 10 - kinds["store_to_store"]["delivered"]
+
+    def test_every_line_is_valid(self, small) -> None:
+        """Each event line passes events.validate_event; run.* and broker.info present."""
+        _, lines, _ = run(small, "mesh-ttl2")
+        assert [p for line in lines for p in validate_event(line)] == []
+        names = Counter(e["event"] for e in lines)
+        assert names["run.started"] == 1 and names["run.finished"] == 1
+        assert names["broker.info"] == 13
+
+    def test_deterministic(self, small) -> None:
+        """Two runs of one mode give identical counts and deliveries."""
+        a, _, rec_a = run(small, "tree")
+        b, _, rec_b = run(small, "tree")
+        assert a == b and rec_a.delivery_map() == rec_b.delivery_map()
+
+
+class TestInterestCost:
+    def test_tree_advisories_equal_depth(self) -> None:
+        """Tree: a store consumer's advisory travels one frame per level, demand at its
+        two ancestors only."""
+        out, _, _ = run(estate(), "tree")
+        assert out["advisory_frames"] == 6 * 2 and out["demand_created"] == 6 * 2
+
+    def test_mesh_ttl2_spills_to_siblings(self) -> None:
+        """Mesh TTL 2: demand at the region, HQ and both siblings of every store."""
+        out, _, _ = run(estate(), "mesh-ttl2")
+        assert out["demand_created"] == 6 * 4
+
+
+class TestTimeline:
+    def test_cut_link_holds_then_delivers(self) -> None:
+        """A message sent while a store's link is cut is delivered once it returns."""
+        sc = estate([{"at": 2.0, "action": "cut_link", "target": "store-r1-0001"},
+                     {"at": 3.0, "action": "send", "target": "hq",
+                      "dst": "queue://Store.store-r1-0001.Incoming"},
+                     {"at": 4.0, "action": "restore_link", "target": "store-r1-0001"}])
+        for label in ("tree", "mesh-ttl2"):
+            out, lines, _ = run(sc, label)
+            assert out["delivered"] == out["expected"] == 1, label
+            delivered = [e for e in lines if e["event"] == "message.delivered"]
+            assert delivered[0]["ts"] > 4.0
+            downs = [e for e in lines if e["event"] == "link.down"]
+            assert {e["broker"] for e in downs} == {"store-r1-0001", "region-1"}
+
+    def test_restart_keeps_persistent_loses_the_rest(self) -> None:
+        """Killing HQ while it holds unconsumed messages: the persistent one survives the
+        restart and is delivered to a later consumer; the other is lost, not stranded."""
+        sc = estate([{"at": 2.0, "action": "send", "target": "hq",
+                      "dst": "queue://Orphans", "persistent": True},
+                     {"at": 2.0, "action": "send", "target": "hq", "dst": "queue://Orphans"},
+                     {"at": 3.0, "action": "kill_broker", "target": "hq"},
+                     {"at": 4.0, "action": "restart_broker", "target": "hq"},
+                     {"at": 5.0, "action": "add_consumer", "target": "store-r2-0003",
+                      "dst": "queue://Orphans", "consumer": "late"}])
+        out, lines, rec = run(sc, "tree")
+        assert out["expected"] == 2 and out["delivered"] == 1 and out["lost"] == 1
+        assert out["stranded"] == 0
+        (got,) = [e for e in lines if e["event"] == "message.delivered"]
+        assert got["broker"] == "store-r2-0003" and got["ts"] > 5.0
+
+    def test_insert_layer_breaks_ttl2_not_tree(self) -> None:
+        """After a layer is inserted, TTL 2 no longer carries store interest to HQ;
+        the tree still delivers everything."""
+        sc = load_scenario(SCENARIOS / "reconfigure.toml")
+        tree, _, _ = run(sc, "tree")
+        mesh, lines, _ = run(sc, "mesh-ttl2")
+        assert tree["delivered"] == tree["expected"] and tree["stranded"] == 0
+        assert mesh["by_kind"]["timeline"]["delivered"] < mesh["by_kind"]["timeline"][
+            "expected"]
+        assert mesh["by_kind"]["hq_to_store"]["delivered"] == 100  # sent before the change
+        info = [e for e in lines if e["event"] == "broker.info" and e["broker"].startswith(
+            "country-")]
+        assert len(info) == 2 and all(e["parent"] == "hq" for e in info)
+
+
+class TestRecorder:
+    def test_duplicates_and_unexpected(self) -> None:
+        """A second delivery of a queue message is a duplicate; one to a consumer the
+        plan did not expect is unexpected."""
+        plan = build_plan(estate(hq_to_stores=1))
+        rec = Recorder(plan)
+        msg = next(iter(plan.messages.values()))
+        (broker, sub), = msg.expected
+        for consumer in (f"{broker}/app/{sub}", f"{broker}/app/{sub}", "hq/app/other"):
+            rec.emit(1.0, consumer.split("/")[0], "message.delivered",
+                     {"msg": msg.id, "dst": msg.dst, "consumer": consumer})
+        out = rec.finish(2.0)
+        assert out["delivered"] == 1 and out["duplicates"] == 1 and out["unexpected"] == 1
+
+    def test_stranded_at_last_holder(self) -> None:
+        """An undelivered queue message is stranded where it was last forwarded to."""
+        plan = build_plan(estate(hq_to_stores=1))
+        sink = ListWriter()
+        rec = Recorder(plan, sink)
+        msg = next(iter(plan.messages.values()))
+        rec.emit(1.0, "hq", "message.produced", {"msg": msg.id, "dst": msg.dst})
+        rec.emit(1.0, "hq", "message.forwarded", {"msg": msg.id, "dst": msg.dst,
+                                                  "link": "tree", "peer": "region-1",
+                                                  "hops": 1})
+        out = rec.finish(2.0)
+        assert out["stranded"] == 1
+        assert sink.lines[-1] == {"ts": 2.0, "broker": "region-1",
+                                  "event": "message.stranded", "msg": msg.id,
+                                  "dst": msg.dst}

@@ -1,0 +1,116 @@
+"""``treefed compare [--full] [scenario...]``: the main job -- run, then report.
+
+Theory of operation
+-------------------
+Runs each scenario with the replay engine under the tree connector and the mesh
+connector at TTL 1, 2 and 3 (duplex links; the scenario's own modes are kept, the
+missing ones of that set added), then hands every run directory to the Spark job
+(``treefed.analysis.job.main``) and prints where the report is.  The default set is
+``retail-small``, ``retail-4x250``, ``deep`` and ``reconfigure``; ``--full`` adds
+``retail-4x1000`` (millions of events at TTL 2 and 3).  A scenario is a file path or
+the name of a file in ``scenarios/`` (the working directory's, else the checkout's).
+Every scenario is validated before the first run starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from treefed.errors import ConfigError
+from treefed.scenario.spec import Mode, Scenario, load_scenario
+
+__all__ = ["main", "DEFAULT_SCENARIOS", "FULL_SCENARIOS", "COMPARED_MODES",
+           "find_scenario", "with_compared_modes"]
+
+DEFAULT_SCENARIOS = ("retail-small", "retail-4x250", "deep", "reconfigure")
+FULL_SCENARIOS = (*DEFAULT_SCENARIOS, "retail-4x1000")
+#: label -> (connector, options) every compared scenario runs under.
+COMPARED_MODES: dict[str, tuple[str, dict]] = {
+    "tree": ("tree", {}),
+    "mesh-ttl1": ("mesh", {"network_ttl": 1, "duplex": True}),
+    "mesh-ttl2": ("mesh", {"network_ttl": 2, "duplex": True}),
+    "mesh-ttl3": ("mesh", {"network_ttl": 3, "duplex": True}),
+}
+_CHECKOUT = Path(__file__).resolve().parents[2] / "scenarios"
+
+
+def find_scenario(name: str) -> Path:
+    """A scenario file: ``name`` itself, or ``scenarios/<name>.toml`` here or in the
+    checkout.  ConfigError when none exists."""
+    direct = Path(name)
+    if direct.is_file():
+        return direct
+    stem = name if name.endswith(".toml") else f"{name}.toml"
+    for folder in (Path("scenarios"), _CHECKOUT):
+        candidate = folder / stem
+        if candidate.is_file():
+            return candidate
+    raise ConfigError("", f"no scenario {name!r} (not a file, not in scenarios/)")
+
+
+def with_compared_modes(scenario: Scenario) -> Scenario:
+    """``scenario`` with every mode of COMPARED_MODES it lacks appended."""
+    modes = list(scenario.modes)
+    have = {m.label for m in modes}
+    for label, (connector, options) in COMPARED_MODES.items():
+        if label not in have:
+            modes.append(Mode(label, connector, dict(options)))
+    return dataclasses.replace(scenario, modes=tuple(modes))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="treefed compare",
+                                description="run scenarios in tree and TTL modes, then "
+                                            "report with the Spark job")
+    p.add_argument("scenarios", nargs="*", help="scenario names or files (default: "
+                                                 + ", ".join(DEFAULT_SCENARIOS) + ")")
+    p.add_argument("--full", action="store_true", help="also run retail-4x1000")
+    p.add_argument("--out", default="runs", help="directory for run directories")
+    p.add_argument("--report", default=None,
+                   help="report directory (default reports/compare-<time>)")
+    p.add_argument("--no-report", action="store_true", help="run only, skip the Spark job")
+    args = p.parse_args(argv)
+    names = args.scenarios or list(FULL_SCENARIOS if args.full else DEFAULT_SCENARIOS)
+    if args.full and args.scenarios and "retail-4x1000" not in names:
+        names.append("retail-4x1000")
+    try:
+        scenarios = [with_compared_modes(load_scenario(find_scenario(n))) for n in names]
+    except ConfigError as exc:
+        key = f"{exc.key}: " if exc.key else ""
+        notes = "".join(f" ({n})" for n in getattr(exc, "__notes__", ()))
+        print(f"treefed compare: {key}{exc.problem}{notes}", file=sys.stderr)
+        return 2
+
+    from rich.console import Console
+
+    from treefed.scenario.cli import summary_table
+    from treefed.scenario.runner import run_scenario
+
+    console = Console(stderr=False)
+    if not console.is_terminal:
+        console = Console(width=132)
+    started = time.perf_counter()
+    run_dirs: list[str] = []
+    for scenario in scenarios:
+        console.print(f"[bold]{scenario.name}[/]: {len(scenario.modes)} modes, replay engine",
+                      highlight=False)
+        results = run_scenario(scenario, engine="replay", out=args.out)
+        console.print(summary_table(results, title=scenario.name))
+        run_dirs += [str(r.path) for r in results]
+    console.print(f"{len(run_dirs)} runs in {time.perf_counter() - started:.0f} s",
+                  highlight=False)
+    if args.no_report:
+        return 0
+    report = args.report or f"reports/compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    from treefed.analysis.job import main as report_main
+
+    return report_main([*run_dirs, "--out", report])   # it prints where the report is
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,385 @@
+"""Live engines: real BrokerNodes in one trio process, over memory streams or loopback TCP.
+
+Theory of operation
+-------------------
+Every site is a real ``node.BrokerNode`` (site task, reader and writer tasks per
+connection, reconnecting dialers) built from a generated, validated ``BrokerConfig``
+(common.py decides the connector settings).  Each node runs in its own nursery under its
+own cancel scope, so ``kill_broker`` is one ``cancel()``: its tasks stop, its streams
+close, its peers see the link drop -- exactly a dead process, minus the process.  The
+node's MemoryStore outlives it; ``restart_broker`` builds a new node on it.
+
+Time is a ``trio.testing.MockClock`` with autojump: virtual time stands still while any
+task can run and jumps to the next timer when all are blocked.  So the plan's ``at``
+times are honoured, interest has always settled before ``SEND_AT`` (the clock only moves
+once nothing is left to do), and a run that would take minutes of timeline takes the
+seconds its work needs.  Event ``ts`` is virtual time, as in replay.
+
+Links are dialed through the node's ``open_stream`` hook into ``_dial``, which knows
+the child's *current* parent: it waits while the link is cut or the parent is down, then
+returns a memory stream (handing the other end to the parent's ``serve_stream``) or a
+loopback TCP connection.  Cutting a link closes that stream; the child's dialer retries
+and waits in ``_dial`` until the link is restored.  ``insert_layer`` closes the moved
+children's links and their next dial reaches the new parent.
+
+Applications are one raw protocol client per site (``_App``): hello, subscriptions with
+the plan's ids, sends with the plan's message ids, an ack for every delivery.  Events
+reach the Recorder through the node's ``event_sink`` hook; the node's own structlog
+lines are not part of the event log.
+"""
+
+from __future__ import annotations
+
+import random
+from functools import partial
+from typing import Any, Callable
+
+import trio
+import trio.testing
+
+from treefed.config import BrokerConfig, parse_config
+from treefed.errors import RemoteError
+from treefed.persistence.memory import MemoryStore
+from treefed.scenario.engines.common import (
+    LINK_NAME, RUNNER, broker_info, run_fields, run_params,
+)
+from treefed.scenario.results import Recorder
+from treefed.scenario.spec import Mode
+from treefed.scenario.topology import BrokerSpec, Topology
+from treefed.scenario.workload import Plan, PlannedConsumer, Step
+from treefed.transport.framed import FramedStream
+from treefed.transport.streams import memory_stream_pair, open_tcp
+from treefed.transport.uri import Endpoint
+from treefed.wire.frames import (PROTOCOL_VERSION, Ack, Deliver, Error, Hello, Send,
+                                 Subscribe, Unsubscribe)
+
+__all__ = ["LiveEngine", "site_config", "App", "QUIET_S"]
+
+_GONE = (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError)
+#: Virtual seconds of silence after the last step before the run is declared over.
+QUIET_S = 5.0
+_LINK_PORT = 61616  # config URIs need a port; _dial resolves links by broker id
+
+
+def site_config(mode: Mode, spec: BrokerSpec, *, parent_uri: str | None,
+                listen: tuple[str, ...] = (), data_dir: str = "",
+                log_file: str = "", level: str = "warning") -> BrokerConfig:
+    """A validated BrokerConfig for one scenario site: the child dials its parent with a
+    tree connector or a mesh ``uplink`` connector carrying the mode's options."""
+    doc: dict[str, Any] = {
+        "broker": {"id": spec.id, "listen": list(listen), "heartbeat_interval": 0.0,
+                   "accept_tree_children": mode.connector == "tree" and spec.role != "leaf"},
+        "logging": {"level": level, "message_events": True, "file": log_file},
+    }
+    if data_dir:
+        doc["broker"]["data_dir"] = data_dir
+    if parent_uri is not None:
+        opts = dict(mode.options)
+        if mode.connector == "tree":
+            doc["tree_connector"] = {"uri": parent_uri, "node_type": spec.role, **opts}
+        else:
+            doc["network_connector"] = [{"name": LINK_NAME["mesh"],
+                                         "uri": f"static:({parent_uri})", **opts}]
+    return parse_config(doc)
+
+
+class App:
+    """One site's applications over one raw client connection (plan ids kept as is)."""
+
+    def __init__(self, broker_id: str) -> None:
+        self.broker_id = broker_id
+        self.errors = 0
+        self._out: list = []
+        self._wake = trio.Event()
+
+    def queue(self, frame: Any) -> None:
+        self._out.append(frame)
+        self._wake.set()
+
+    def subscribe(self, c: PlannedConsumer) -> None:
+        self.queue(Subscribe(c.sub, c.dst, c.selector))
+
+    def unsubscribe(self, sub: str) -> None:
+        self.queue(Unsubscribe(sub))
+
+    def send(self, msg_id: str, dst: str, headers: dict, body: bytes,
+             persistent: bool) -> None:
+        self.queue(Send(dst, msg_id, dict(headers), body, persistent))
+
+    async def run(self, stream: trio.abc.Stream, *,
+                  task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Hello, then read (acking deliveries) and write until the stream ends."""
+        framed = FramedStream(stream)
+        await framed.send_frame(Hello(PROTOCOL_VERSION, "client", name=f"{self.broker_id}-app"))
+        first = await framed.receive_frames()
+        if type(first[0]) is not Hello:
+            raise RemoteError(f"{self.broker_id}: expected hello, got {first[0]!r}")
+        task_status.started()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._writer, framed)
+            self._handle(first[1:])
+            try:
+                while True:
+                    self._handle(await framed.receive_frames())
+            except _GONE:
+                pass   # the broker went away (stopped, killed): so does its application
+            nursery.cancel_scope.cancel()
+
+    def _handle(self, frames: list) -> None:
+        for frame in frames:
+            kind = type(frame)
+            if kind is Deliver:
+                self.queue(Ack(frame.sub, frame.msg))
+            elif kind is Error:
+                self.errors += 1
+
+    async def _writer(self, framed: FramedStream) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                if self._out:
+                    frames, self._out = self._out, []
+                    await framed.send_frames(frames)
+        except _GONE:
+            pass   # the reader sees the end too and stops the connection
+
+
+class _Site:
+    __slots__ = ("spec", "node", "store", "app", "scope", "nursery", "alive", "port",
+                 "up", "stopped", "link_stream", "rng")
+
+    def __init__(self, spec: BrokerSpec, seed: int) -> None:
+        self.spec = spec
+        self.node: Any = None
+        self.store = MemoryStore()           # the site's "disk": survives kill_broker
+        self.app: App | None = None
+        self.scope: trio.CancelScope | None = None
+        self.nursery: trio.Nursery | None = None
+        self.alive = False
+        self.port = 0                        # tcp: the listening port, kept over restarts
+        self.up = trio.Event()               # set while alive (dialers wait on it)
+        self.stopped = trio.Event()          # set when the node's tasks have all ended
+        self.link_stream: Any = None         # the child side of its parent link, to cut
+        self.rng = random.Random(seed)
+
+
+class LiveEngine:
+    """Real BrokerNodes in one process (see the module docstring)."""
+
+    name = "live"
+    tcp = False
+    autojump = 0.0   # real seconds all tasks must be blocked before the clock jumps
+
+    def __init__(self, plan: Plan, mode: Mode, recorder: Recorder, *,
+                 progress: Callable[[dict], None] | None = None) -> None:
+        self.plan = plan
+        self.mode = mode
+        self.rec = recorder
+        self.progress = progress
+        self.topology: Topology = plan.topology
+        self.sites: dict[str, _Site] = {}
+        self.cut: set[str] = set()
+        self.restored: dict[str, trio.Event] = {}
+        self.consumers: dict[str, dict[str, PlannedConsumer]] = {}
+        self._t0 = 0.0
+        self._root: trio.Nursery | None = None
+        self._body = b"x" * plan.scenario.workload.body_bytes
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> dict[str, Any]:
+        _quiet_structlog()
+        clock = trio.testing.MockClock(autojump_threshold=self.autojump)
+        return trio.run(self._main, clock=clock)
+
+    def now(self) -> float:
+        return trio.current_time() - self._t0
+
+    async def _main(self) -> dict[str, Any]:
+        self._t0 = trio.current_time()
+        plan, rec = self.plan, self.rec
+        params = run_params(plan, self.mode)
+        rec.emit(0.0, RUNNER, "run.started",
+                 run_fields(plan, self.mode, self.name, self.topology, params))
+        for c in plan.consumers:
+            self.consumers.setdefault(c.broker, {})[c.sub] = c
+        async with trio.open_nursery() as root:
+            self._root = root
+            for i, spec in enumerate(self.topology.brokers):
+                self.sites[spec.id] = _Site(spec, plan.scenario.seed * 100_003 + i)
+            async with trio.open_nursery() as starting:   # all at once: dials wait for
+                for spec in self.topology.brokers:          # their parent in _dial
+                    starting.start_soon(partial(self._start, self.sites[spec.id], info=True))
+            for step in plan.steps:
+                await trio.sleep_until(self._t0 + step.at)
+                await self._step(step)
+                if self.progress is not None:
+                    self.progress({"t": self.now(), "frames": sum(rec.counts.values())})
+            await trio.sleep(QUIET_S)
+            end = self.now()
+            root.cancel_scope.cancel()
+        outcome = rec.finish(end)
+        rec.emit(end, RUNNER, "run.finished",
+                 run_fields(plan, self.mode, self.name, self.topology, params))
+        errors = sum(s.app.errors for s in self.sites.values() if s.app is not None)
+        return {"virtual_s": end, "frames": 0, "client_errors": errors, "outcome": outcome}
+
+    # ------------------------------------------------------------------ sites
+    async def _start(self, site: _Site, *, info: bool) -> None:
+        spec = self.topology.broker(site.spec.id)
+        site.spec = spec
+        if info:
+            self.rec.emit(self.now(), spec.id, "broker.info", broker_info(self.mode, spec))
+        await self._root.start(self._run_site, site)
+
+    def _config(self, site: _Site) -> BrokerConfig:
+        spec = site.spec
+        parent = self.sites[spec.parent] if spec.parent is not None else None
+        # The parent URI names the parent; _dial (the node's open_stream hook) resolves it
+        # to the parent's current memory listener or loopback port.
+        listen = (f"tcp://127.0.0.1:{site.port}",) if self.tcp else ()
+        parent_uri = f"tcp://{parent.spec.id}:{_LINK_PORT}" if parent is not None else None
+        return site_config(self.mode, spec, parent_uri=parent_uri, listen=listen)
+
+    async def _run_site(self, site: _Site, *, task_status: Any = trio.TASK_STATUS_IGNORED,
+                        ) -> None:
+        from treefed.node import BrokerNode
+
+        broker_id = site.spec.id
+
+        def sink(event: str, fields: dict) -> None:
+            self.rec.emit(trio.current_time() - self._t0, broker_id, event, fields)
+
+        async def dial(endpoint: Endpoint) -> trio.abc.Stream:
+            return await self._dial(site)
+
+        node = BrokerNode(self._config(site), store=site.store, rng=site.rng,
+                          event_sink=sink, open_stream=dial)
+        if site.store.stats()["rows"]:
+            node.restore()
+        site.stopped = trio.Event()
+        try:
+            with trio.CancelScope() as scope:
+                site.scope = scope
+                async with trio.open_nursery() as nursery:
+                    site.nursery = nursery
+                    site.node = node
+                    addresses = await nursery.start(node.serve)
+                    if self.tcp and not site.port:
+                        site.port = addresses[0][1]
+                    app = site.app = App(broker_id)
+                    await nursery.start(app.run, await self._client_stream(site))
+                    for c in self.consumers.get(broker_id, {}).values():
+                        app.subscribe(c)
+                    site.alive = True
+                    site.up.set()
+                    task_status.started()
+        finally:
+            site.stopped.set()
+
+    async def _client_stream(self, site: _Site) -> trio.abc.Stream:
+        if self.tcp:
+            return await open_tcp(Endpoint("tcp", "127.0.0.1", site.port))
+        near, far = memory_stream_pair()
+        site.nursery.start_soon(site.node.serve_stream, far)
+        return near
+
+    async def _dial(self, child: _Site) -> trio.abc.Stream:
+        """The child's link to its current parent, once the link may exist."""
+        while True:
+            spec = self.topology.broker(child.spec.id)
+            parent = self.sites[spec.parent]
+            if spec.id in self.cut:
+                await self.restored.setdefault(spec.id, trio.Event()).wait()
+                continue
+            if not parent.alive:
+                await parent.up.wait()
+                continue
+            break
+        if self.tcp:
+            stream = await open_tcp(Endpoint("tcp", "127.0.0.1", parent.port))
+        else:
+            stream, far = memory_stream_pair()
+            parent.nursery.start_soon(parent.node.serve_stream, far)
+        child.link_stream = stream
+        return stream
+
+    async def _drop_link(self, child: _Site) -> None:
+        stream, child.link_stream = child.link_stream, None
+        if stream is not None:
+            await trio.aclose_forcefully(stream)
+
+    # ------------------------------------------------------------------ timeline
+    async def _step(self, step: Step) -> None:
+        action = step.action
+        sites = self.sites
+        if action == "send":
+            for m in step.messages:
+                site = sites[m.broker]
+                if site.alive:
+                    site.app.send(m.id, m.dst, m.headers, self._body, m.persistent)
+        elif action == "add_consumer":
+            for c in step.consumers:
+                self.consumers.setdefault(c.broker, {})[c.sub] = c
+                if sites[c.broker].alive:
+                    sites[c.broker].app.subscribe(c)
+        elif action == "remove_consumer":
+            for c in step.consumers:
+                self.consumers.get(c.broker, {}).pop(c.sub, None)
+                if sites[c.broker].alive:
+                    sites[c.broker].app.unsubscribe(c.sub)
+        elif action == "cut_link":
+            for t in step.targets:
+                self.cut.add(t)
+                self.restored[t] = trio.Event()
+                await self._drop_link(sites[t])
+        elif action == "restore_link":
+            for t in step.targets:
+                self.cut.discard(t)
+                self.restored.pop(t, trio.Event()).set()
+        elif action == "kill_broker":
+            for t in step.targets:
+                await self._kill(sites[t])
+        elif action == "restart_broker":
+            for t in step.targets:
+                site = sites[t]
+                if site.alive:
+                    await self._kill(site)
+                await self._start(site, info=False)
+        elif action == "insert_layer":
+            await self._insert_layer(step)
+        else:  # pragma: no cover - spec.py validates actions
+            raise ValueError(f"unknown step {action!r}")
+
+    async def _kill(self, site: _Site) -> None:
+        site.alive = False
+        site.up = trio.Event()
+        self.rec.killed(site.spec.id)
+        site.scope.cancel()
+        await site.stopped.wait()   # its listener is closed and its links are down
+        site.link_stream = None
+
+    async def _insert_layer(self, step: Step) -> None:
+        old = self.topology
+        self.topology = step.topology
+        for i, spec in enumerate(step.topology.brokers):
+            if spec.id not in self.sites:
+                self.sites[spec.id] = _Site(spec, self.plan.scenario.seed * 100_003
+                                            + len(self.sites))
+                await self._start(self.sites[spec.id], info=True)
+        for spec in step.topology.brokers:
+            if spec.id in old and spec.parent is not None \
+                    and old.broker(spec.id).parent != spec.parent:
+                site = self.sites[spec.id]
+                site.spec = spec
+                await self._drop_link(site)   # its dialer's next attempt reaches the new parent
+
+
+def _quiet_structlog() -> None:
+    """Scenario runs log events through the Recorder; node chatter only from warnings."""
+    import structlog
+
+    if not structlog.is_configured():
+        from treefed.log import configure_logging
+
+        configure_logging("warning")
