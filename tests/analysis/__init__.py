@@ -1,0 +1,1 @@
+"""Tests of treefed.analysis: the Spark job and the report."""
