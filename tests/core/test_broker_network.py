@@ -229,13 +229,14 @@ class TestAcceptForward:
         assert b.statistics()["dropped"] == {"loop": 1}
 
     def test_dedup_window_forgets_old_ids(self):
-        """Only the last dedup_window ids are remembered."""
+        """Only the last dedup_window ids are remembered (topic copies are not held,
+        so only the window can recognise them)."""
         b = Broker("B", dedup_window=2, log_messages=False)
         for i in range(3):
-            fwd(b, "L:A", "queue://Q", f"m{i}", ["A"])
-        fwd(b, "L:A", "queue://Q", "m0", ["A"])     # forgotten: accepted again
-        fwd(b, "L:A", "queue://Q", "m2", ["A"])     # remembered: dropped
-        assert b.statistics()["destinations"]["queue://Q"]["enqueued"] == 4
+            fwd(b, "L:A", "topic://T", f"m{i}", ["A"])
+        fwd(b, "L:A", "topic://T", "m0", ["A"])     # forgotten: accepted again
+        fwd(b, "L:A", "topic://T", "m2", ["A"])     # remembered: dropped
+        assert b.statistics()["destinations"]["topic://T"]["enqueued"] == 4
 
     def test_bad_forward_is_refused_and_acked(self):
         """An invalid forward gets Error(ref=id) plus ForwardAck so the sender lets go."""

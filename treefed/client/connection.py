@@ -72,6 +72,9 @@ _STAT_REF = "stat"
 #: A producer that does not wait yields to the writer once this many frames are queued:
 #: big enough to amortise a send_all, small enough to keep the pipeline moving.
 _WRITE_BATCH = 256
+#: A cumulative ack is sent (the consumer yields to the writer) once it covers
+#: 1/_ACK_DIVISOR of the prefetch: credit flows back while the rest is worked through.
+_ACK_DIVISOR = 2
 #: The failover audit is trimmed back to its size this many ids at a time.
 _AUDIT_SLACK = 256
 #: codes a FrameDecoder / hello check may put in an error frame
@@ -164,14 +167,17 @@ class ReceivedMessage:
 
     def ack_nowait(self) -> None:
         """Acknowledge: the broker deletes the message and returns prefetch credit."""
-        sub = self._conn._subs.get(self.frame.sub)
-        if sub is not None and self.frame.msg in sub._audit:
-            sub._audit[self.frame.msg] = True   # a copy after a failover is a duplicate
-        if self._gen == self._conn._gen:
-            if sub is not None:
-                sub._settled(self.frame.msg, None)
-            else:
-                self._conn._queue(Ack(self.frame.sub, self.frame.msg))
+        frame, conn = self.frame, self._conn
+        msg_id = frame.msg
+        sub = conn._subs.get(frame.sub)
+        if sub is not None:
+            audit = sub._audit
+            if msg_id in audit:
+                audit[msg_id] = True   # a copy after a failover is a duplicate
+            if self._gen == conn._gen:
+                sub._settled(msg_id, None)
+        elif self._gen == conn._gen:
+            conn._queue(Ack(frame.sub, msg_id))
 
     async def ack(self) -> None:
         self.ack_nowait()
@@ -247,7 +253,7 @@ class Subscription:
         self._skipped: set[str] = set()         # of those, the ones settled out of order
         self._ack: Ack | None = None            # the cumulative Ack last queued
         self._ack_count = 0                     # messages it covers
-        self._ack_every = max(1, frame.prefetch // 2)
+        self._ack_every = max(1, frame.prefetch // _ACK_DIVISOR)
         self._ack_yield = False                 # the next receive lets the writer run
 
     @property
@@ -316,6 +322,10 @@ class Subscription:
     async def receive(self) -> ReceivedMessage:
         """The next message; raises ConnectionClosed (or the broker's error) once the
         subscription is over and its queue drained."""
+        queue = self._queue
+        if queue and not self._ack_yield:   # the per-message path: one coroutine, not two
+            await trio.lowlevel.checkpoint_if_cancelled()
+            return queue.popleft()
         msg = await self._next()
         if msg is None:
             raise self._error or ConnectionClosed(f"subscription {self.id} is closed")
@@ -450,22 +460,26 @@ class Connection:
         A send that does not wait for a receipt returns once queued: the frame leaves
         when this task next yields (it yields by itself every 256 queued frames, so the
         writer sends big batches) or at ``flush()``."""
-        while True:
-            self._check_open()
-            if not self._ready.is_set():
-                await self._wait_ready()
-            elif len(self._out) >= self._high_water:
-                await self._room.wait()
-            elif persistent and len(self._unconfirmed) >= self._max_unconfirmed:
-                await self._confirm_room.wait()
-            else:
-                break
+        out = self._out
+        if (self._closed is not None or not self._ready.is_set() or len(out) >= self._high_water
+                or (persistent and len(self._unconfirmed) >= self._max_unconfirmed)):
+            while True:   # not the per-message path: closed, reconnecting or full
+                self._check_open()
+                if not self._ready.is_set():
+                    await self._wait_ready()
+                elif len(self._out) >= self._high_water:
+                    await self._room.wait()
+                elif persistent and len(self._unconfirmed) >= self._max_unconfirmed:
+                    await self._confirm_room.wait()
+                else:
+                    break
+            out = self._out
         msg_id = self._send_frame(dst, body, headers, persistent, priority, ttl, reply_to,
                                   msg_id)
         if persistent and confirm is not False:
             waiter = self._receipt_waiters[msg_id] = _Waiter()
             await waiter.wait()
-        elif not len(self._out) % _WRITE_BATCH:
+        elif not len(out) % _WRITE_BATCH:
             # Every 256 frames queued, let the writer take them.  Only then: while the
             # writer is busy in send_all, a yield per send would buy nothing but a pass
             # of the scheduler (several microseconds) per message.

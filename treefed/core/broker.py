@@ -36,6 +36,15 @@ stores before its Outs, so a Receipt (an Out) means "stored".  Expiry: ``expires
 absolute; expired messages are never delivered -- checked at dispatch, and a heap of
 pending messages' expiry times drives ``next_deadline`` / ``handle_timer``.
 
+Faults.  A queue message is *held* here from acceptance until it is acked, forward-acked
+or dropped; a copy of a held message, or of one a local consumer acked, is a duplicate
+whatever route it took (a producer re-sending after failover, a peer re-forwarding after
+a reconnect or a restart, a copy that toured the tree).  A rested message goes back up
+to a fallback (parent) only ``replay_delay`` after it rested, so a consumer that restarts
+gets its backlog here, in order; a message that returns to a broker it left is queued
+by timestamp among the newer ones (timestamps never go back).  ``withdraw`` takes back
+an accepted message whose store commit failed.
+
 Flow control ("block"): a Send to a full destination is parked, not accepted, and the
 connection is paused; its later sends queue behind it in order; when the destination has
 room they are admitted in order and the connection resumed.
@@ -50,6 +59,7 @@ when ``log_messages``), or touches the store itself.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from dataclasses import dataclass, replace
 from itertools import count
@@ -86,10 +96,20 @@ MAX_HOPS = 64
 
 _INF = float("inf")
 
+# Shared empties (memory: a mesh estate holds millions of network consumers, most of
+# which never carry a message).  Never mutated: every insertion site swaps in a fresh
+# container first (``_give``, ``_attach``, ``_new_dest``, ``_push_pending``,
+# ``_requeue_front``); reads, ``pop``, ``clear`` and ``del`` of a present key are safe.
+_NO_MESSAGES: dict = {}      # _Consumer.inflight until its first message
+_NO_DESTS: dict = {}         # _Consumer.dests until it is attached to a destination
+_NO_PENDING: deque = deque()  # _Dest.pending until a message waits (an empty deque: 760 B)
+
 
 def _size(m: Message) -> int:
     # Same value as Message.size without a generator per message (hot path).
     h = m.headers
+    if not h:
+        return len(m.body) + 64
     return len(m.body) + 64 + 16 * len(h) + sum(map(len, h))
 
 
@@ -148,10 +168,13 @@ class _Consumer:
         self.local_only_ok = local_only_ok    # network demand allowed to see local_only dsts
         self.replay = replay                  # tree: a rested message may go back along its path
         self.topic = pattern.startswith("topic://") or pattern.startswith("temp-topic://")
-        self.inflight: dict[str, Message] = {}   # msg id -> message, in delivery order
-        self.dests: dict[_Dest, None] = {}       # destinations it is attached to (ordered set)
+        self.inflight: dict[str, Message] = _NO_MESSAGES  # msg id -> message, in delivery
+        #                                                   order (shared empty until used)
+        self.dests: dict[_Dest, None] = _NO_DESTS  # destinations it is attached to (ordered
+        #                                            set; shared empty until attached)
         self.backlog: deque | None = None        # topics: messages waiting for credit
         self.gid = gid                           # "<broker>/<conn>/<sub_id>" for events
+        #                                          (local consumers only; None for demand)
         self.seq = seq                           # creation order: tie-break within a level
         self.delivered = 0
 
@@ -159,7 +182,8 @@ class _Consumer:
 class _Dest:
     __slots__ = ("name", "topic", "temp", "stored", "policy", "local_only", "limited",
                  "consumers", "fallbacks", "replayers", "pending", "inflight", "bytes", "enqueued",
-                 "dequeued", "expiring", "next_expiry", "blocked", "roomy", "owner", "alive")
+                 "dequeued", "expiring", "next_expiry", "blocked", "roomy", "owner", "alive",
+                 "replay_timer")
 
     def __init__(self, name: str, policy: Any) -> None:
         self.name = name
@@ -172,7 +196,8 @@ class _Dest:
         self.consumers: list[_Consumer] = []   # priority desc; rotated within a level
         self.fallbacks = 0                     # how many of them are fallback consumers
         self.replayers = 0                     # how many may take a rested message back
-        self.pending: deque[Message] = deque()  # queues: waiting for an eligible consumer
+        self.pending: deque[Message] = _NO_PENDING  # queues: waiting for an eligible
+        #                                              consumer (shared empty until used)
         self.inflight = 0                      # given to consumers, not yet acked
         self.bytes = 0                         # queues: size of pending + in-flight
         self.enqueued = 0
@@ -183,6 +208,7 @@ class _Dest:
         self.roomy = False                     # already listed in Broker._room
         self.owner: str | None = None          # temp destinations: owning conn
         self.alive = True
+        self.replay_timer = 0.0                # latest replay timer scheduled for it
 
 
 class Broker:
@@ -190,8 +216,12 @@ class Broker:
 
     def __init__(self, broker_id: str, policies: PolicySet | None = None, *,
                  max_redeliveries: int = 6, dlq: str = "queue://DLQ",
-                 log_messages: bool = True, dedup_window: int = 100_000) -> None:
+                 log_messages: bool = True, dedup_window: int = 100_000,
+                 replay_delay: float = 0.0) -> None:
         self.broker_id = broker_id
+        self.replay_delay = replay_delay      # a rested message goes back up its path (to
+        #   a fallback consumer) only this long after it rested: a consumer restarting at
+        #   a store gets its backlog, in order, instead of it touring the tree
         self.policies = policies if policies is not None else PolicySet()
         self.max_redeliveries = max_redeliveries
         self.dlq = parse_destination(dlq)
@@ -199,7 +229,7 @@ class Broker:
         self.dedup_window = dedup_window
         self._conns: dict[str, _Conn] = {}
         self._dests: dict[str, _Dest] = {}
-        self._subs = SubscriptionIndex()          # consumer patterns -> consumers
+        self._subs = SubscriptionIndex(flat_literals=True)  # consumer patterns -> consumers
         self._dest_index = SubscriptionIndex()    # live destination names -> _Dest
         self._timers: list[tuple[float, int, _Dest]] = []   # heap of pending expiries
         self._expiring = 0                        # pending messages with an expiry, all dests
@@ -210,6 +240,14 @@ class Broker:
         self._room: deque[_Dest] = deque()        # full destinations that gained room
         self._seen: set[str] = set()              # forwarded ids accepted (dedup window)
         self._seen_order: deque[str] = deque()
+        self._held: dict[str, int] = {}           # queue message id -> copies held here:
+        #                                           a duplicate of one we hold is dropped
+        self._consumed: set[str] = set()          # ids a local consumer acked (dedup
+        self._consumed_order: deque[str] = deque()  # window): a late copy is a duplicate
+        self._replays: list[tuple[float, int, _Dest]] = []  # heap: rested messages due
+        self._now = 0.0                           # of the entry point: _eligible needs it
+        self._stamp = 0.0                         # last timestamp given: never goes back,
+        #                                           so order by timestamp is send order
         self._dropped: dict[str, int] = {}        # reason -> messages dropped
         self._dead_lettered = 0
         self._handlers: dict[type, Callable[[str, Any, float], list]] = {
@@ -297,14 +335,20 @@ class Broker:
         if wildcard:
             dests = self._dest_index.select(pattern)
         else:
-            d = self._dests.get(pattern) or self._new_dest(pattern)
+            # Created on first use, not here (a message finds its consumers through the
+            # index then): most demand never carries a message.  A temp destination is
+            # created now, because its owner is the subscribing connection.
+            d = self._dests.get(pattern)
+            if d is None and temp and peer is None:
+                d = self._new_dest(pattern)
             if temp and peer is None and d.owner is None:
                 d.owner = conn
                 cs.temps.append(pattern)
-            dests = [d]
+            dests = [d] if d is not None else []
         seq = next(self._seq)
         c = _Consumer(cs, sub_id, pattern, selector, prefetch, priority, peer, message_ttl,
-                      fallback, local_only_ok, f"{self.broker_id}/{conn}/{sub_id}", seq,
+                      fallback, local_only_ok,
+                      f"{self.broker_id}/{conn}/{sub_id}" if peer is None else None, seq,
                       replay)
         cs.consumers[sub_id] = c
         self._subs.insert(pattern, c)
@@ -420,32 +464,81 @@ class Broker:
                 out.append(DeleteMessage(m.id, m.dst))
                 continue
             d.bytes += _size(m)
-            m.rested = True        # it waited here across a restart: free to go anywhere
+            self._rest(d, m, now)  # it waited here across a restart: free to go anywhere
+            self._hold(m.id)
             self._push_pending(d, m)
             self._remember(m.id)   # a peer re-forwarding it after our restart is a duplicate
-            self._remember(f"{m.id}#{len(m.path)}")   # ... also over a tree link
             touched[d] = None
         for d in touched:
             self._drain(d, now, out)
         self._finish(now, out)
         return out
 
+    def withdraw(self, msg_id: str, dst: str, now: float) -> list[Action]:
+        """Take back an accepted persistent message the shell could not store (the
+        commit failed: store full).  It leaves pending, or the consumer it was given to
+        (whose Deliver/Forward of this batch the shell must not send; credit returns),
+        and is forgotten by the duplicate checks, so the producer's retry or the peer's
+        re-forward is accepted later.  Unknown (id, dst): nothing happens."""
+        d = self._dests.get(dst)
+        if d is None or d.topic:
+            return []
+        out: list[Action] = []
+        m = None
+        for i in range(len(d.pending) - 1, -1, -1):
+            if d.pending[i].id == msg_id:
+                m = d.pending[i]
+                del d.pending[i]
+                if m.expires:
+                    self._left_pending(d)
+                if not d.pending:
+                    self._waiting.pop(d, None)
+                break
+        holder = None
+        if m is None:
+            for c in d.consumers:
+                m = c.inflight.get(msg_id)
+                if m is not None and m.dst == dst:
+                    del c.inflight[msg_id]
+                    if c.peer is not None:
+                        c.cs.forwarded.pop(msg_id, None)
+                    d.inflight -= 1
+                    holder = c
+                    break
+                m = None
+        if m is None:
+            return out
+        d.enqueued -= 1
+        d.bytes -= _size(m)
+        self._release(msg_id)
+        for key in (msg_id, f"{msg_id}#{len(m.path)}"):
+            self._seen.discard(key)
+        if d.blocked:
+            self._note_room(d)
+        if holder is not None:
+            self._credit_returned(holder, now, out)
+        self._finish(now, out)
+        return out
+
     # ------------------------------------------------------------------ timers
 
     def next_deadline(self) -> float | None:
-        """When ``handle_timer`` next has work: the earliest pending expiry, or None."""
+        """When ``handle_timer`` next has work: the earliest pending expiry or replay
+        release, or None."""
         heap = self._timers
+        replay = self._replays[0][0] if self._replays else None
         while heap:
             when, _, d = heap[0]
             # An entry is stale when its message left pending: then the destination's
             # earliest pending expiry is later than the entry (or there is none).
             if d.alive and d.expiring and when >= d.next_expiry:
-                return when
+                return when if replay is None or when < replay else replay
             heapq.heappop(heap)
-        return None
+        return replay
 
     def handle_timer(self, now: float) -> list[Action]:
-        """Expire pending messages whose time has come (DLQ or discard by policy)."""
+        """Expire pending messages whose time has come (DLQ or discard by policy), and
+        offer rested messages whose ``replay_delay`` has passed to fallback consumers."""
         heap = self._timers
         due: dict[_Dest, None] = {}
         while heap and heap[0][0] <= now:
@@ -455,6 +548,11 @@ class Broker:
         out: list[Action] = []
         for d in due:
             self._sweep(d, now, out)
+        replays = self._replays
+        while replays and replays[0][0] <= now:
+            _, _, d = heapq.heappop(replays)
+            if d.alive and d.pending:
+                self._drain(d, now, out)   # rested messages now free to go back up
         self._finish(now, out)
         return out
 
@@ -501,6 +599,8 @@ class Broker:
         if found:
             d.consumers = sorted(found, key=lambda c: (-c.priority, c.seq))
             for c in d.consumers:
+                if c.dests is _NO_DESTS:
+                    c.dests = {}
                 c.dests[d] = None
                 if c.fallback:
                     d.fallbacks += 1
@@ -528,6 +628,8 @@ class Broker:
             for msg_id in gone:
                 del c.inflight[msg_id]
                 c.cs.forwarded.pop(msg_id, None)
+                if not d.topic:
+                    self._release(msg_id)
             if gone:
                 self._credit_returned(c, now, out)
         self._expiring -= d.expiring
@@ -541,6 +643,8 @@ class Broker:
         while i and cons[i - 1].priority < c.priority:
             i -= 1
         cons.insert(i, c)   # at the end of its priority level
+        if c.dests is _NO_DESTS:
+            c.dests = {}
         c.dests[d] = None
         if c.fallback:
             d.fallbacks += 1
@@ -588,11 +692,19 @@ class Broker:
 
     def _admit_send(self, cs: _Conn, f: Send, now: float, out: list) -> bool:
         """Accept a Send (True) or register it as blocked (False); raises to refuse."""
+        if f.persistent and (f.id in self._held or f.id in self._consumed):
+            # A producer re-sent after a failover what we already have (its receipt was
+            # lost with the old connection): confirm it again, keep one copy.
+            if f.receipt:
+                out.append(Out(cs.name, Receipt(f.id)))
+            self._count_drop("duplicate", f.id, f.dst, out)
+            return True
         d = self._lookup_for_send(f.dst)
         if not 0 <= f.priority <= 9:
             raise RemoteError(f"priority must be 0..9, not {f.priority}", code="bad_frame")
         ttl = f.ttl
-        m = Message(f.id, d.name, f.headers, f.body, f.persistent, f.priority, now,
+        stamp = self._stamp = now if now > self._stamp else self._stamp
+        m = Message(f.id, d.name, f.headers, f.body, f.persistent, f.priority, stamp,
                     now + ttl / 1000 if ttl > 0 else 0.0, f.reply_to)
         size = _size(m)
         if d.limited and not self._check_limits(cs, d, size, out):
@@ -600,6 +712,7 @@ class Broker:
         d.enqueued += 1
         if not d.topic:
             d.bytes += size
+            self._hold(m.id)
             if m.persistent and d.stored:
                 out.append(StoreMessage(m))
         if f.receipt:
@@ -618,15 +731,25 @@ class Broker:
             out.append(Out(cs.name, ForwardAck([f.id])))
             self._count_drop("hop_limit", f.id, f.dst, out)
             return True
-        # A retransmit (reconnect mid-forward) repeats id *and* path.  On a tree link a
-        # replayed message legitimately comes back with a longer path, so there the
-        # duplicate key includes the path length; elsewhere the id alone (ActiveMQ audit).
-        key = f"{f.id}#{len(f.path)}" if cs.revisit else f.id
-        if key in self._seen or (self.broker_id in f.path and not cs.revisit):
-            # Seen before, or it already left this broker: a loop. Ack so the sender
-            # releases its copy, and drop it.
+        # A retransmit (reconnect mid-forward, a sender restarted before it saw our ack)
+        # is a copy of a message we hold, or one a local consumer already took.  Elsewhere
+        # the id alone is remembered too (ActiveMQ's audit) and a path holding this broker
+        # is a loop.  On a tree link a queue message may legitimately come back after it
+        # left (a replay), with any path, so only "held or consumed" tells a duplicate
+        # there; topic copies never rest, so their key is the id and the path length.
+        held = f.id in self._held or f.id in self._consumed
+        if not cs.revisit:
+            key: str | None = f.id
+            dup = held or key in self._seen
+        elif f.dst.startswith(("topic://", "temp-topic://")):
+            key = f"{f.id}#{len(f.path)}"
+            dup = key in self._seen
+        else:
+            key, dup = None, held
+        if dup or (self.broker_id in f.path and not cs.revisit):
+            # Ack so the sender releases its copy, and drop it.
             out.append(Out(cs.name, ForwardAck([f.id])))
-            self._count_drop("duplicate" if key in self._seen else "loop", f.id, f.dst, out)
+            self._count_drop("duplicate" if dup else "loop", f.id, f.dst, out)
             return True
         d = self._lookup_for_send(f.dst)
         m = Message(f.id, d.name, f.headers, f.body, f.persistent, f.priority,
@@ -634,10 +757,12 @@ class Broker:
         size = _size(m)
         if d.limited and not self._check_limits(cs, d, size, out):
             return False
-        self._remember(key)
+        if key is not None:
+            self._remember(key)
         d.enqueued += 1
         if not d.topic:
             d.bytes += size
+            self._hold(m.id)
             if m.persistent and d.stored:
                 out.append(StoreMessage(m))
         out.append(Out(cs.name, ForwardAck([f.id])))   # after the store: see actions.py
@@ -653,8 +778,14 @@ class Broker:
         self._count_drop(exc.code, f.id, f.dst, out)
 
     def _lookup_for_send(self, dst: str) -> _Dest:
-        name = parse_destination(dst)
-        d = self._dests.get(name)
+        # A live destination's key is its canonical name, so text equal to a key needs
+        # no parsing (the usual case: producers send to canonical names).
+        d = self._dests.get(dst) if type(dst) is str else None
+        if d is not None:
+            name = dst
+        else:
+            name = parse_destination(dst)
+            d = self._dests.get(name)
         if d is None:
             if name.startswith("temp-") and not self._subs.match(name):
                 raise RemoteError(f"{name} does not exist (its owner is gone)",
@@ -702,6 +833,18 @@ class Broker:
         p = d.policy
         return bool((p.max_messages and held >= p.max_messages)
                     or (p.max_bytes and d.bytes + size > p.max_bytes))
+
+    def _hold(self, msg_id: str) -> None:
+        held = self._held
+        held[msg_id] = held.get(msg_id, 0) + 1
+
+    def _release(self, msg_id: str) -> None:
+        held = self._held
+        n = held.get(msg_id, 0)
+        if n > 1:
+            held[msg_id] = n - 1
+        else:
+            held.pop(msg_id, None)
 
     def _remember(self, msg_id: str) -> None:
         if self.dedup_window <= 0 or msg_id in self._seen:
@@ -764,7 +907,8 @@ class Broker:
             if d.local_only and not c.local_only_ok:
                 return False
             path = m.path
-            if c.peer in path and not (c.replay and m.rested):
+            if c.peer in path and not (c.replay and m.rested and (
+                    not c.fallback or m.replay_at <= self._now)):
                 return False   # never back to a broker the message has left
             if c.message_ttl >= 0 and len(path) >= c.message_ttl:
                 return False
@@ -781,7 +925,12 @@ class Broker:
         regular = False
         self._regular_seen = False
         for i, c in enumerate(cons):
-            if c.fallback or not self._eligible(c, m, d):
+            if c.fallback:
+                continue
+            if c.peer is None and c.selector is None:
+                if m.id in c.inflight:   # _eligible's answer for a plain local consumer,
+                    continue             # without the call: this is per message
+            elif not self._eligible(c, m, d):
                 continue
             if len(c.inflight) < c.prefetch:
                 return i   # sorted by priority: the first with credit is the top level
@@ -815,11 +964,12 @@ class Broker:
             self._expire(d, m, now, out)
             return
         self._regular_seen = False
+        self._now = now
         i = self._pick(d, m) if d.consumers else -1
         if i < 0 and not self._regular_seen and not m.rested:
             # No consumer here could ever take it (credit aside): it rests, and a replay
             # consumer may now take it back along its path (tree: store -> root -> store).
-            m.rested = True
+            self._rest(d, m, now)
             if d.replayers:
                 i = self._pick(d, m)
         if i < 0:
@@ -834,6 +984,7 @@ class Broker:
         pending = d.pending
         if not pending or not d.consumers:
             return
+        self._now = now
         free = 0
         if only is None:
             for c in d.consumers:
@@ -852,7 +1003,7 @@ class Broker:
                 continue
             i = self._pick(d, m)
             if i < 0 and not self._regular_seen and not m.rested:
-                m.rested = True   # see _dispatch_new
+                self._rest(d, m, now)   # see _dispatch_new
                 if d.replayers:
                     i = self._pick(d, m)
             if i < 0:
@@ -915,6 +1066,8 @@ class Broker:
         backlog.append(m)
 
     def _give(self, c: _Consumer, d: _Dest, m: Message, out: list) -> None:
+        if c.inflight is _NO_MESSAGES:
+            c.inflight = {}
         c.inflight[m.id] = m
         c.delivered += 1
         d.inflight += 1
@@ -970,6 +1123,7 @@ class Broker:
         d.inflight -= 1
         d.dequeued += 1
         if not d.topic:
+            self._release(m.id)
             d.bytes -= _size(m)
             if m.persistent and d.stored:
                 out.append(DeleteMessage(m.id, d.name))
@@ -978,15 +1132,40 @@ class Broker:
 
     def _on_ack(self, conn: str, f: Ack, now: float) -> list[Action]:
         c = self._consumer_or_raise(conn, f.sub)
-        m = c.inflight.pop(f.msg, None)
-        if m is None:
+        inflight = c.inflight
+        if f.msg not in inflight:
             raise RemoteError(f"message {f.msg!r} is not in flight on {f.sub!r}",
                               code="no_such_message")
-        if c.peer is not None:
-            c.cs.forwarded.pop(m.id, None)
+        if f.upto:
+            # Cumulative: ``inflight`` is in delivery order, so the acked messages are
+            # its prefix up to f.msg (whatever was acked or nacked singly is gone).
+            ids = []
+            for msg_id in inflight:
+                ids.append(msg_id)
+                if msg_id == f.msg:
+                    break
+            msgs = [inflight.pop(msg_id) for msg_id in ids]
+        else:
+            msgs = [inflight.pop(f.msg)]
         out: list[Action] = []
-        self._settle(m, out)
-        self._credit_returned(c, now, out)
+        settle = self._settle
+        if c.peer is not None:
+            forwarded = c.cs.forwarded
+            for m in msgs:
+                forwarded.pop(m.id, None)
+                settle(m, out)
+        elif not c.topic and self.dedup_window > 0:
+            consumed, order = self._consumed, self._consumed_order
+            for m in msgs:
+                consumed.add(m.id)
+                order.append(m.id)
+                settle(m, out)
+            while len(order) > self.dedup_window:
+                consumed.discard(order.popleft())
+        else:
+            for m in msgs:
+                settle(m, out)
+        self._credit_returned(c, now, out)   # once per frame, however many it settled
         self._finish(now, out)
         return out
 
@@ -1052,16 +1231,46 @@ class Broker:
 
     # ------------------------------------------------------------------ pending, expiry, DLQ
 
+    def _rest(self, d: _Dest, m: Message, now: float) -> None:
+        """``m`` found no consumer that could ever take it here: it may go back along
+        its path — at once to demand, after ``replay_delay`` to a fallback (parent)."""
+        m.rested = True
+        delay = self.replay_delay
+        if delay > 0:
+            m.replay_at = now + delay
+            # one timer per destination and quarter second, however many messages rest
+            when = math.ceil(m.replay_at * 4) / 4
+            if when > d.replay_timer:
+                d.replay_timer = when
+                heapq.heappush(self._replays, (when, next(self._seq), d))
+
     def _push_pending(self, d: _Dest, m: Message) -> None:
-        if not d.pending:
+        pending = d.pending
+        if not pending:
             self._waiting[d] = None
-        d.pending.append(m)
+            if pending is _NO_PENDING:
+                pending = d.pending = deque()
+            pending.append(m)
+        elif pending[-1].timestamp <= m.timestamp or self.broker_id not in m.path:
+            pending.append(m)
+        else:
+            # A message that left this broker came back (tree replay after an outage or
+            # restart) while newer ones waited here: put it back where it was, so each
+            # producer's messages stay in order.  Only returning messages pay this walk.
+            i = len(pending)
+            for newer in reversed(pending):
+                if newer.timestamp <= m.timestamp:
+                    break
+                i -= 1
+            pending.insert(i, m)
         if m.expires:
             self._track_expiry(d, m)
 
     def _requeue_front(self, d: _Dest, msgs: list[Message]) -> None:
         if not d.pending:
             self._waiting[d] = None
+            if d.pending is _NO_PENDING:
+                d.pending = deque()
         d.pending.extendleft(reversed(msgs))
         for m in msgs:
             if m.expires:
@@ -1121,6 +1330,7 @@ class Broker:
     def _discard(self, d: _Dest, m: Message, reason: str, out: list, *, dlq: bool = False,
                  now: float = 0.0) -> None:
         """``m`` (already out of pending / in-flight) leaves queue ``d`` unconsumed."""
+        self._release(m.id)
         d.bytes -= _size(m)
         if m.persistent and d.stored:
             out.append(DeleteMessage(m.id, d.name))
@@ -1141,6 +1351,7 @@ class Broker:
         dd = self._dests.get(self.dlq) or self._new_dest(self.dlq)
         dd.enqueued += 1
         dd.bytes += _size(dm)
+        self._hold(dm.id)
         if dm.persistent and dd.stored:
             out.append(StoreMessage(dm))
         self._dead_lettered += 1

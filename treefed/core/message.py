@@ -30,6 +30,8 @@ class Message:
     redelivered: int = 0         # deliveries that were nacked or lost with their consumer
     rested: bool = False         # it once found no eligible consumer here and waited: a
                                  # "replay" consumer (tree) may then take it back along its path
+    replay_at: float = 0.0       # when it rested + the broker's replay_delay: before that it
+                                 # waits for a local consumer to return rather than go back up
 
     @property
     def size(self) -> int:

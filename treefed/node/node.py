@@ -63,12 +63,20 @@ broker; a failure is logged without the password, waits the Authenticator's dela
 ``security.Guard`` that screens each frame (subscribe, send, stat, advisory, forward)
 before the Site, against permissions and, on tree child links, the child's scope.
 Links we dialed are not screened: we chose the peer, and TLS verified it.
+
+Garbage collection.  Messages, frames and actions are freed by reference counting; the
+cyclic collector finds little.  But with its default young threshold (700 allocations)
+it runs every couple of hundred messages, and its older generations then rescan every
+message a broker holds: at 50,000 pending that is about 2 µs a message, a fifth of the
+broker's CPU.  ``serve`` raises the young threshold to ``GC_YOUNG_THRESHOLD`` (process
+wide, never lowered), which leaves the collector's cost near 0.5 µs a message.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -94,7 +102,8 @@ from treefed.wire.codec import check_hello
 from treefed.wire.frames import (PROTOCOL_VERSION, Bye, Deliver, Error, Forward, ForwardAck,
                                  Hello, Ping, Pong, Receipt, Send, StatReply, StatRequest)
 
-__all__ = ["BrokerNode", "Dialer", "CLIENT_HIGH_WATER", "LINK_HIGH_WATER"]
+__all__ = ["BrokerNode", "Dialer", "CLIENT_HIGH_WATER", "LINK_HIGH_WATER",
+           "GC_YOUNG_THRESHOLD"]
 
 #: Outgoing frames a connection may have queued before it is closed as too slow.  A
 #: well-behaved consumer never gets near: prefetch credit bounds its deliveries.
@@ -110,6 +119,9 @@ LINGER = 2.0
 HELLO_TIMEOUT = 30.0
 #: +/- fraction applied to reconnect delays of dialed links.
 RECONNECT_JITTER = 0.1
+#: Allocations between young collections of the cyclic GC while a broker serves
+#: (Python's default is 700; see "Garbage collection" above).
+GC_YOUNG_THRESHOLD = 10_000
 #: Password checks (scrypt: ~16 MiB and ~0.1 s each) running at once, so a flood of
 #: logins costs bounded memory and leaves CPU for the traffic.
 AUTH_THREADS = 4
@@ -285,6 +297,9 @@ class BrokerNode:
         """Listen, dial, run the site task until cancelled (or ``shutdown``).
         ``task_status.started`` gets the bound ``[(host, port), ...]``."""
         b = self.config.broker
+        young, *older = gc.get_threshold()
+        if 0 < young < GC_YOUNG_THRESHOLD:   # 0: someone turned it off on purpose
+            gc.set_threshold(GC_YOUNG_THRESHOLD, *older)
         self.log.info("broker.info", role=self.site.node_type,
                       node_type=self.site.node_type,
                       parent=self.config.tree_connector.uri if self.config.tree_connector

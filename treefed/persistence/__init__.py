@@ -6,8 +6,9 @@ process memory; ``acquire_lock`` guards a data directory for master/slave.
 """
 
 from treefed.persistence.base import MessageStore
-from treefed.persistence.lock import LockHandle, acquire_lock
+from treefed.persistence.lock import LockHandle, acquire_lock, read_lock
 from treefed.persistence.memory import MemoryStore
 from treefed.persistence.sqlite import SqliteStore
 
-__all__ = ["MessageStore", "SqliteStore", "MemoryStore", "LockHandle", "acquire_lock"]
+__all__ = ["MessageStore", "SqliteStore", "MemoryStore", "LockHandle", "acquire_lock",
+           "read_lock"]

@@ -11,7 +11,10 @@ holder's file description closes, so a broker killed with -9 frees it without cl
 flock locks belong to an open file description, not a process: two ``acquire_lock`` calls
 in one process conflict just as two processes do.  The lock file is never unlinked:
 removing it while another process waits on the old inode would let two holders coexist.
-The holder's pid is written into the file for operators; it is informational only.
+The holder's pid (and the ``owner`` it names, e.g. its broker id) is written into the file;
+``read_lock`` returns them so a second broker can tell its own master (wait as its slave)
+from a different broker pointed at the wrong directory (refuse).  Informational only: the
+flock alone decides who holds the lock.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 
 from treefed.errors import StoreError
 
-__all__ = ["LockHandle", "acquire_lock", "LOCK_NAME"]
+__all__ = ["LockHandle", "acquire_lock", "read_lock", "LOCK_NAME"]
 
 LOCK_NAME = "lock"
 
@@ -55,8 +58,9 @@ class LockHandle:
         return f"LockHandle({str(self.path)!r}, {'held' if self.held else 'released'})"
 
 
-def acquire_lock(data_dir: str | os.PathLike[str]) -> LockHandle | None:
-    """Take the exclusive lock on ``data_dir`` (created if missing) or return None if held."""
+def acquire_lock(data_dir: str | os.PathLike[str], *, owner: str = "") -> LockHandle | None:
+    """Take the exclusive lock on ``data_dir`` (created if missing) or return None if held.
+    ``owner`` (one word, e.g. the broker id) is recorded next to the pid."""
     path = Path(data_dir) / LOCK_NAME
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -73,7 +77,18 @@ def acquire_lock(data_dir: str | os.PathLike[str]) -> LockHandle | None:
         raise StoreError(f"cannot lock {path}: {exc}", code="store_io") from exc
     try:
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid()} {owner}".rstrip().encode() + b"\n", 0)
     except OSError:
         pass  # the pid is a courtesy to operators; the lock itself is held
     return LockHandle(path, fd)
+
+
+def read_lock(data_dir: str | os.PathLike[str]) -> tuple[int | None, str]:
+    """``(pid, owner)`` recorded by the last holder of ``data_dir``'s lock (``None, ""``
+    when there is no readable record).  It may be stale: only the flock is authoritative."""
+    try:
+        text = (Path(data_dir) / LOCK_NAME).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None, ""
+    pid, _, owner = text.strip().partition(" ")
+    return (int(pid) if pid.isdigit() else None), owner.strip()
