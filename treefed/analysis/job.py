@@ -523,7 +523,11 @@ def _session(args: argparse.Namespace) -> tuple[SparkSession, bool]:
     if master is not None:
         builder = builder.master(master)
     if master is not None and master.startswith("local"):
-        builder = builder.config("spark.driver.memory", args.driver_memory)
+        # A local job talks to nothing but itself: keep the driver on loopback.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = builder.config("spark.driver.memory", args.driver_memory) \
+            .config("spark.driver.bindAddress", "127.0.0.1") \
+            .config("spark.driver.host", "127.0.0.1")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     context = spark.sparkContext
