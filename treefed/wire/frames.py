@@ -117,10 +117,15 @@ class Unsubscribe(Frame):
 
 @dataclass(slots=True)
 class Ack(Frame):
-    """Acknowledge (and so delete) message ``msg`` delivered to subscription ``sub``."""
+    """Acknowledge (and so delete) message ``msg`` delivered to subscription ``sub``.
+
+    ``upto`` (cumulative acknowledgement, as JMS client-ack and ActiveMQ's
+    optimizeAcknowledge): every message still in flight on ``sub`` that was delivered
+    before ``msg``, and ``msg`` itself, in delivery order.  One frame settles a batch."""
 
     sub: str
     msg: str
+    upto: bool = False
 
 
 @dataclass(slots=True)
@@ -266,7 +271,7 @@ _KINDS: dict[str, dict[str, str]] = {
                  priority="int", ttl="int", reply_to="str?", receipt="bool"),
     "Subscribe": dict(id="str", dst="str", selector="str?", prefetch="int", priority="int"),
     "Unsubscribe": dict(id="str"),
-    "Ack": dict(sub="str", msg="str"),
+    "Ack": dict(sub="str", msg="str", upto="bool"),
     "Nack": dict(sub="str", msg="str"),
     "Deliver": dict(sub="str", msg="str", dst="str", headers="headers", body="bytes",
                     persistent="bool", priority="int", redelivered="int", reply_to="str?",
