@@ -159,3 +159,67 @@ class TestEventWriter:
         assert set(from_log) - {"level"} == set(from_writer)
         assert {k: v for k, v in from_log.items() if k not in ("ts", "level")} == {
             k: v for k, v in from_writer.items() if k != "ts"}
+
+
+class TestEventWriterFastPath:
+    def test_escaping_matches_the_json_encoder(self, tmp_path: Path) -> None:
+        """Cached fragments escape quotes, backslashes, control and non-ASCII characters
+        exactly as json does, the first time and on every repeat."""
+        path = tmp_path / "events.jsonl"
+        odd = {"msg": 'q"\\\n\t\x01é', "dst": "queue://Q"}
+        with EventWriter(path, run="r") as writer:
+            for _ in range(3):
+                writer.write(1.0, "b", "message.produced", odd)
+        records = [json.loads(line) for line in path.read_text("utf-8").splitlines()]
+        assert [r["msg"] for r in records] == [odd["msg"]] * 3
+
+    def test_types_survive_the_cache(self) -> None:
+        """Ints, bools, None and floats come back with their JSON types."""
+        out = io.StringIO()
+        with EventWriter(out) as writer:
+            writer.write(0.5, "b", "demand.created", {
+                "link": "l", "peer": "p", "consumer": "c", "dst": "queue://Q",
+                "origin": "o", "priority": -5, "conduit": True})
+            writer.write(0.5, "b", "demand.created", {
+                "link": "l", "peer": "p", "consumer": "c", "dst": "queue://Q",
+                "origin": None, "priority": 0, "conduit": False})
+        first, second = (json.loads(line) for line in out.getvalue().splitlines())
+        assert first["priority"] == -5 and first["conduit"] is True
+        assert second["origin"] is None and second["conduit"] is False
+        assert validate_event(first) == [] and validate_event(second) == []
+
+    def test_time_changes_between_lines(self) -> None:
+        """Each line carries its own ts even when the writer reuses the previous text."""
+        out = io.StringIO()
+        with EventWriter(out) as writer:
+            for ts in (1.0, 1.0, 1.001, 2):
+                writer.write(ts, "b", "message.stranded", {"msg": "m", "dst": "q"})
+        assert [json.loads(line)["ts"] for line in out.getvalue().splitlines()] == \
+            [1.0, 1.0, 1.001, 2]
+
+    def test_unhashable_values_fall_back_to_the_encoder(self) -> None:
+        """A list value (not cacheable) is still written as JSON."""
+        out = io.StringIO()
+        with EventWriter(out) as writer:
+            writer.write(1.0, "b", "run.started", {"params": ["a", 1]})
+        assert json.loads(out.getvalue())["params"] == ["a", 1]
+
+    def test_gzip_level_and_many_chunks_through_the_thread(self, tmp_path: Path) -> None:
+        """A path is written by the helper thread: every chunk arrives, in order."""
+        path = tmp_path / "events.jsonl.gz"
+        with EventWriter(path, run="r", buffer_lines=7, compresslevel=1) as writer:
+            for i in range(1000):
+                writer.write(i, "hq", "message.produced", {"msg": f"m{i}", "dst": "q"})
+            assert writer.lines == 1000
+        lines = gzip.decompress(path.read_bytes()).decode().splitlines()
+        assert [json.loads(line)["msg"] for line in lines] == [f"m{i}" for i in range(1000)]
+
+    def test_a_failing_file_is_reported_to_the_caller(self, tmp_path: Path) -> None:
+        """An error in the writer thread surfaces on the caller's flush or close."""
+        writer = EventWriter(tmp_path / "events.jsonl", buffer_lines=1)
+        writer._file.close()  # the disk "goes away" under the thread
+        writer.write(1.0, "b", "message.stranded", {"msg": "m", "dst": "q"})
+        with pytest.raises(ValueError):
+            writer.flush()
+        with pytest.raises(ValueError):
+            writer.close()

@@ -731,3 +731,49 @@ class TestInvariants:
                 b.next_deadline()
             self.check(b)
         json.dumps(b.statistics())
+
+
+class TestLazyContainers:
+    """Memory: demand that never carries a message costs no destination and no
+    per-consumer containers (shared empties until first use)."""
+
+    def test_demand_creates_no_destination_until_a_message(self):
+        """A network consumer on a new queue leaves the destination uncreated; the first
+        message creates it and is forwarded to that consumer."""
+        b = Broker("B")
+        b.connect("L:up:A", 0.0)
+        b.add_consumer("L:up:A", "d:1", "queue://Store.S1.Incoming", 0.0, peer="A")
+        assert b.statistics()["destinations"] == {}
+        out = send(b, "c1", "queue://Store.S1.Incoming", "m1")
+        assert [f.id for f in to(out, "L:up:A") if isinstance(f, Forward)] == ["m1"]
+        assert "queue://Store.S1.Incoming" in b.statistics()["destinations"]
+
+    def test_local_consumer_still_gets_queued_messages(self):
+        """A local subscriber to an unused queue receives what is sent there later."""
+        b = Broker("B")
+        sub(b, "c1", "s1", "queue://Q")
+        assert got(send(b, "p", "queue://Q", "m1"), "c1") == [("s1", "m1")]
+
+    def test_temp_destination_is_created_for_its_owner(self):
+        """A temp queue subscription still creates (and owns) its destination at once."""
+        b = Broker("B")
+        sub(b, "c1", "s1", "temp-queue://r1")
+        assert "temp-queue://r1" in b.statistics()["destinations"]
+
+    def test_shared_empties_stay_empty_through_traffic(self):
+        """Consumers, acks, requeues and pending messages never write into the shared
+        empty containers."""
+        import treefed.core.broker as core
+
+        b = Broker("B")
+        send(b, "p", "queue://Q", "m0")                       # pending, no consumer yet
+        sub(b, "c1", "s1", "queue://Q", prefetch=1)
+        for i in range(1, 4):
+            send(b, "p", "queue://Q", f"m{i}")
+        ack(b, "c1", "s1", "m0")
+        b.disconnect("c1", 1.0)                                # in-flight requeued
+        sub(b, "c2", "s2", "queue://>")
+        b.connect("L:up:A", 0.0)
+        b.add_consumer("L:up:A", "d:1", "queue://Q", 0.0, peer="A")
+        b.remove_consumer("L:up:A", "d:1", 0.0)
+        assert core._NO_MESSAGES == {} and core._NO_DESTS == {} and not core._NO_PENDING

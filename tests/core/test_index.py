@@ -120,3 +120,58 @@ class TestSubscriptionIndex:
             idx.insert("topic://" + p, p)
         expected = {p for p in patterns if matches("topic://" + p, "topic://" + dst)}
         assert set(idx.match("topic://" + dst)) == expected
+
+
+class TestFlatLiterals:
+    def test_literal_items_bare_then_set_then_bare(self):
+        """A literal pattern holds one item bare, a set from the second, bare again after."""
+        idx = SubscriptionIndex(flat_literals=True)
+        assert idx.insert("queue://A", 1) and not idx.insert("queue://A", 1)
+        assert idx.insert("queue://A", 2)
+        assert idx.match("queue://A") == (1, 2)
+        assert idx.remove("queue://A", 1) and not idx.remove("queue://A", 1)
+        assert idx.match("queue://A") == (2,)
+        assert idx.remove("queue://A", 2) and idx.match("queue://A") == ()
+        assert len(idx) == 0 and idx.statistics()["nodes"] == 0
+
+    def test_literals_build_no_trie_and_no_cache(self):
+        """Literal patterns make no trie nodes; lookups need no cache until a wildcard."""
+        idx = SubscriptionIndex(flat_literals=True)
+        for i in range(100):
+            idx.insert(f"queue://Store{i}.Incoming", i)
+        assert idx.match("queue://Store7.Incoming") == (7,)
+        assert idx.statistics()["nodes"] == 0 and idx.statistics()["cache_size"] == 0
+        idx.insert("queue://*.Incoming", "all")
+        assert set(idx.match("queue://Store7.Incoming")) == {7, "all"}
+        idx.insert("queue://Store7.Incoming", 70)      # a literal change refreshes its entry
+        assert set(idx.match("queue://Store7.Incoming")) == {7, 70, "all"}
+
+    def test_select_scans_flat_names(self):
+        """select() still finds literal keys by pattern when they are stored flat."""
+        idx = SubscriptionIndex(flat_literals=True)
+        for name in ("queue://A.B", "queue://A.C", "queue://X", "topic://A.B"):
+            idx.insert(name, name)
+        assert sorted(idx.select("queue://A.*")) == ["queue://A.B", "queue://A.C"]
+        assert idx.select("queue://X") == ["queue://X"]
+        assert idx.select("queue://Y") == []
+
+    @settings(max_examples=100, deadline=None)
+    @given(
+        patterns=st.lists(st.lists(st.sampled_from(["a", "b", "*"]), min_size=1,
+                                   max_size=3).map(".".join)
+                          .flatmap(lambda p: st.sampled_from([p, p + ".>"])),
+                          min_size=1, max_size=12),
+        removed=st.integers(min_value=0, max_value=11),
+        dst=st.lists(st.sampled_from(["a", "b"]), min_size=1, max_size=4).map(".".join),
+    )
+    def test_same_answers_as_the_trie(self, patterns, removed, dst):
+        """Flat literals and the all-trie layout answer every match identically."""
+        flat, trie = SubscriptionIndex(flat_literals=True), SubscriptionIndex()
+        for i, p in enumerate(patterns):
+            for idx in (flat, trie):
+                idx.insert("topic://" + p, i % 3)
+        victim = patterns[removed % len(patterns)]
+        for idx in (flat, trie):
+            idx.remove("topic://" + victim, removed % len(patterns) % 3)
+        assert set(flat.match("topic://" + dst)) == set(trie.match("topic://" + dst))
+        assert len(flat) == len(trie)

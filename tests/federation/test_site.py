@@ -206,3 +206,60 @@ class TestEstate:
         assert e.link("A", "B", LinkSettings(duplex=True))
         e.run_until_quiet()
         assert e.count("advisory.received", broker="A") == 1  # only the replayed one
+
+
+class TestLeanState:
+    """Memory at scale: what many sites hold in common is shared, not copied."""
+
+    @staticmethod
+    def hub(ttl=2):
+        e = Estate()
+        for name in ("R", "S", "T1", "T2"):
+            e.add(name)
+        for store in ("S", "T1", "T2"):
+            assert e.link(store, "R", LinkSettings(duplex=True, network_ttl=ttl))
+        return e
+
+    def test_sibling_sites_share_interest_keys_and_paths(self):
+        """Two siblings learning one consumer over the same route hold one key object."""
+        e = self.hub()
+        e.subscribe("S", "s", "queue://Store.S.Incoming")
+        e.run_until_quiet()
+        (k1,) = e.sites["T1"].bridge(e.conn_to("T1", "R")).remote
+        (k2,) = e.sites["T2"].bridge(e.conn_to("T2", "R")).remote
+        assert k1 == ("S/c/s", ("S", "R"))
+        assert k1 is k2 and k1[1] is k2[1]
+
+    def test_single_demand_holds_its_member_in_a_tuple(self):
+        """A non-conduit demand keeps its one interest without a dict; removal empties it."""
+        e = self.hub()
+        e.subscribe("S", "s", "queue://Store.S.Incoming")
+        e.run_until_quiet()
+        (it,) = e.sites["T1"].bridge(e.conn_to("T1", "R")).remote.values()
+        assert it.demand is not None and it.demand.members == (it,)
+        assert it.sent_to == ()    # refused onward by ttl: no list was ever built
+        e.unsubscribe("S", "s")
+        e.run_until_quiet()
+        assert e.sites["T1"].bridge(e.conn_to("T1", "R")).remote == {}
+        assert e.count("demand.removed") == e.count("demand.created")
+
+    def test_duplicate_routes_keep_bare_then_listed_rivals(self):
+        """A consumer known by one route is held bare; a second route makes a list, and
+        losing it leaves the survivor active and bare again."""
+        e = Estate()
+        for name in "ABC":
+            e.add(name)
+        s = LinkSettings(duplex=True, network_ttl=2)
+        assert e.link("A", "B", s) and e.link("B", "C", s)
+        e.subscribe("C", "t", "topic://T")
+        e.run_until_quiet()
+        rivals = e.sites["A"]._rivals
+        assert type(rivals["C/c/t"]) is not list
+        assert e.link("A", "C", s)                             # a second, shorter route
+        e.run_until_quiet()
+        assert len(rivals["C/c/t"]) == 2
+        assert e.count("advisory.dropped") >= 1
+        e.unlink("A", "C")
+        e.run_until_quiet()
+        kept = rivals["C/c/t"]
+        assert type(kept) is not list and kept.active

@@ -224,6 +224,25 @@ class TestTreeLinks:
         e.run_until_quiet()
         assert e.delivered("R1.1") == down and e.delivered("HQ") == up
 
+    def test_store_moved_to_another_region(self):
+        """A store re-parented from R1 to R2 (config change + restart): demand follows it."""
+        e = self.setup_estate()
+        e.unlink("R1.1", "R1")                      # the store stops...
+        e.close_client("R1.1")
+        e.run_until_quiet()
+        assert live_demand(e, "R1.1/c/s") == set()
+        assert e.tree_link("R1.1", "R2")            # ...and comes back under R2
+        e.subscribe("R1.1", "s", "queue://R1.1.Incoming")
+        e.run_until_quiet()
+        assert live_demand(e, "R1.1/c/s") == {"R2", "HQ"}
+        assert live_demand(e, "HQ/c/h") >= {"R1.1"}   # it relearned interest from above
+        down = e.send("HQ", "queue://R1.1.Incoming")
+        sibling = e.send("R1.2", "queue://R1.1.Incoming")   # its old sibling: via HQ now
+        up = e.send("R1.1", "queue://HQ.Incoming")
+        e.run_until_quiet()
+        assert e.delivered("R1.1") == down + sibling and e.delivered("HQ") == up
+        assert not any(f for f in e.forwarded("R1", "R1.1"))
+
     @pytest.mark.parametrize("mode, reaches", [("tree", True), ("mesh", False)])
     def test_inserting_a_layer(self, mode, reaches):
         """Depth 2 -> 3: the tree still reaches every store; mesh TTL 2 strands HQ->store."""

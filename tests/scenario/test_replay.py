@@ -92,6 +92,23 @@ class TestRetailSmall:
         assert a == b and rec_a.delivery_map() == rec_b.delivery_map()
 
 
+class TestGarbageCollection:
+    def test_run_leaves_gc_as_it_found_it(self, small) -> None:
+        """A run restores the gc thresholds and leaves nothing in the permanent
+        generation, so the caller's collection can free the estate."""
+        import gc
+
+        before = gc.get_threshold()
+        gc.set_threshold(700, 10, 10)
+        try:
+            out, _, _ = run(small, "mesh-ttl2")
+            assert gc.get_threshold() == (700, 10, 10)
+            assert gc.get_freeze_count() == 0
+            assert out["expected"] > 0
+        finally:
+            gc.set_threshold(*before)
+
+
 class TestInterestCost:
     def test_tree_advisories_equal_depth(self) -> None:
         """Tree: a store consumer's advisory travels one frame per level, demand at its

@@ -24,10 +24,18 @@ advisory is accepted or sent and what its demand looks like, and the Site decide
 interest fans out.  Every refusal becomes one ``advisory.dropped`` Log (when logging is
 on) and one count in ``Site.dropped``.  A malformed advisory is refused alone: the link
 stays up.  Nothing here does I/O; results are appended to the caller's ``out`` list.
+
+Memory: a mesh estate holds millions of interest instances, so each is kept lean --
+slotted objects, broker ids / destinations / consumer ids interned (``sys.intern``: a
+real node decodes a fresh string per frame), paths shared through one bounded table
+(``shared_path``), demand sub ids shared between links (``_sub_id``), ``sent_to`` a
+shared empty tuple until the first link takes the interest, and a demand standing for
+one interest holds it in a 1-tuple (only conduits keep member dicts and counts).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from treefed.core.actions import Log, Out
@@ -40,11 +48,67 @@ from treefed.wire.frames import Advisory
 if TYPE_CHECKING:  # pragma: no cover
     from treefed.federation.site import Site
 
-__all__ = ["Bridge", "Interest", "Demand", "MAX_PATH", "malformed"]
+__all__ = ["Bridge", "Interest", "Demand", "MAX_PATH", "malformed", "shared_path"]
 
 #: Longer advisory paths are refused as malformed: no sane estate is that deep.
 MAX_PATH = 64
 _MAX_ID = 1024
+
+_intern = sys.intern
+#: path tuple -> the one shared instance (every sibling store holds the same few paths),
+#: and likewise interest keys (consumer, path): the same at every site it reaches.
+_PATHS: dict[tuple, tuple] = {}
+_KEYS: dict[tuple, tuple] = {}
+_SHARED_LIMIT = 1 << 20    # cleared when full: sharing is an optimisation, not a meaning
+#: demand sub ids "d:<n>", shared by every link that issues the same n.
+_SUB_IDS: list[str] = []
+_NOBODY: tuple = ()        # Interest.sent_to until a link takes it
+
+
+def shared_path(path: tuple[str, ...]) -> tuple[str, ...]:
+    """The shared instance of ``path`` (equal tuples, one object)."""
+    found = _PATHS.get(path)
+    if found is None:
+        if len(_PATHS) >= _SHARED_LIMIT:
+            _PATHS.clear()
+        found = _PATHS[path] = tuple(map(_intern, path))
+    return found
+
+
+def _shared_key(consumer: str, path: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    key = (consumer, path)
+    found = _KEYS.get(key)
+    if found is None:
+        if len(_KEYS) >= _SHARED_LIMIT:
+            _KEYS.clear()
+        found = _KEYS[key] = (_intern(consumer), shared_path(path))
+    return found
+
+
+def _sub_id(n: int) -> str:
+    ids = _SUB_IDS
+    if n >= len(ids):
+        ids.extend(f"d:{i}" for i in range(len(ids), n + 1 + (n >> 1)))
+    return ids[n]
+
+
+#: Advisory frames found well-formed, by identity (the value keeps the frame alive, so
+#: its id cannot be reused while listed): the replay engine hands one add frame to
+#: every link it is offered on, and each receiver would re-check the same object.
+_CHECKED: dict[int, Advisory] = {}
+_CHECKED_LIMIT = 1 << 15
+
+
+def _malformed(adv: Advisory) -> bool:
+    """``malformed`` once per frame object."""
+    if _CHECKED.get(id(adv)) is adv:
+        return False
+    if malformed(adv):
+        return True
+    if len(_CHECKED) >= _CHECKED_LIMIT:
+        _CHECKED.clear()
+    _CHECKED[id(adv)] = adv
+    return False
 
 
 def malformed(adv: Advisory) -> bool:
@@ -93,8 +157,8 @@ class Interest:
 
     def __init__(self, consumer: str, dst: str, origin: str, selector: str | None,
                  priority: int, path: tuple[str, ...], source: "Bridge | None",
-                 seq: int) -> None:
-        self.key = (consumer, path)
+                 seq: int, key: tuple | None = None) -> None:
+        self.key = key if key is not None else (consumer, path)
         self.consumer = consumer
         self.dst = dst
         self.origin = origin
@@ -105,7 +169,7 @@ class Interest:
         self.demand_priority = 0
         self.conduit = False
         self.demand: Demand | None = None
-        self.sent_to: list[Bridge] = []
+        self.sent_to: list[Bridge] | tuple = _NOBODY
         self.active = False
         self.seq = seq
         self._frame: Advisory | None = None
@@ -131,7 +195,9 @@ class Demand:
         self.dst = dst
         self.conduit = conduit
         self.static = static              # statically included: lives as long as the link
-        self.members: dict[Interest, None] = {}   # ordered set
+        # conduits: an ordered set of members; otherwise the one member in a 1-tuple
+        # (a dict per demand was ~230 bytes of millions)
+        self.members: dict[Interest, None] | tuple = {} if conduit else ()
         # conduits only (a single-member demand copies its member): reference counts
         # so the merged selector / best priority change only when a count hits 0 or 1
         self.selectors: dict[str | None, int] | None = {} if conduit else None
@@ -140,16 +206,19 @@ class Demand:
         self.priority = 0
 
     def add(self, it: Interest) -> None:
+        if not self.conduit:
+            self.members = (it,)
+            return
         self.members[it] = None
-        if self.conduit:
-            self.selectors[it.selector] = self.selectors.get(it.selector, 0) + 1
-            self.priorities[it.demand_priority] = \
-                self.priorities.get(it.demand_priority, 0) + 1
+        self.selectors[it.selector] = self.selectors.get(it.selector, 0) + 1
+        self.priorities[it.demand_priority] = self.priorities.get(it.demand_priority, 0) + 1
 
     def discard(self, it: Interest) -> None:
-        del self.members[it]
         if not self.conduit:
+            if self.members and self.members[0] is it:
+                self.members = ()
             return
+        del self.members[it]
         for table, value in ((self.selectors, it.selector),
                              (self.priorities, it.demand_priority)):
             left = table[value] - 1
@@ -210,12 +279,15 @@ class Bridge:
         site = self.site
         site.counters["advisories_received"] += 1
         if site.log:
-            out.append(self._log("advisory.received", adv, hops=len(adv.path) + 1))
-        if malformed(adv) or not self.accepts:
+            out.append(Log("advisory.received", {
+                "link": self.name, "peer": self.peer, "consumer": adv.consumer,
+                "dst": adv.dst, "origin": adv.origin, "kind": adv.kind,
+                "hops": len(adv.path) + 1}))
+        if not self.accepts or _malformed(adv):
             # a one-way link's accepting side takes no interest: the peer broke the rules
             self.drop(adv, "malformed", out)
             return
-        key = (adv.consumer, (*adv.path, self.peer))
+        key = _shared_key(adv.consumer, (*adv.path, self.peer))
         if adv.kind == "remove":
             it = self.remote.pop(key, None)
             if it is not None:  # unknown: its add was refused (and logged) already
@@ -229,8 +301,9 @@ class Bridge:
         if reason is not None:
             self.drop(adv, reason, out)
             return
-        it = Interest(adv.consumer, adv.dst, adv.origin, adv.selector, adv.priority,
-                      key[1], self, site.next_seq())
+        site._seq += 1   # Site.next_seq, inlined: once per accepted advisory
+        it = Interest(key[0], _intern(adv.dst), _intern(adv.origin), adv.selector,
+                      adv.priority, key[1], self, site._seq, key)
         hops = len(it.path)
         it.demand_priority = self.policy.demand_priority(hops)
         it.conduit = self.policy.conduit(it.dst, hops)
@@ -252,11 +325,17 @@ class Bridge:
                 self.drop(it, reason, out)
             return
         out.append(Out(self.conn, it.frame("add")))
-        it.sent_to.append(self)
+        if it.sent_to:
+            it.sent_to.append(self)
+        else:
+            it.sent_to = [self]
         site = self.site
         site.counters["advisories_sent"] += 1
         if site.log:
-            out.append(self._log("advisory.sent", it, hops=len(it.path) + 1))
+            out.append(Log("advisory.sent", {
+                "link": self.name, "peer": self.peer, "consumer": it.consumer,
+                "dst": it.dst, "origin": it.origin, "kind": "add",
+                "hops": len(it.path) + 1}))
 
     def retract(self, it: Interest, out: list) -> None:
         out.append(Out(self.conn, it.frame("remove")))
@@ -278,7 +357,7 @@ class Bridge:
                 return False
             return True
         self._subs += 1
-        d = Demand(f"d:{self._subs}", it.dst, conduit=it.conduit)
+        d = Demand(_sub_id(self._subs), it.dst, conduit=it.conduit)
         d.add(it)
         d.selector = self.policy.conduit_selector(d.selectors) if it.conduit else it.selector
         d.priority = it.demand_priority
@@ -346,7 +425,7 @@ class Bridge:
     def _log(self, event: str, adv: Any, **extra: Any) -> Log:
         fields = {"link": self.name, "peer": self.peer, "consumer": adv.consumer,
                   "dst": adv.dst, "origin": adv.origin,
-                  "kind": adv.kind if isinstance(adv, Advisory) else "add"}
+                  "kind": adv.kind if type(adv) is Advisory else "add"}
         fields.update(extra)
         return Log(event, fields)
 

@@ -42,7 +42,7 @@ _CACHE_LIMIT = 4096
 
 
 class MeshPolicy:
-    __slots__ = ("settings", "message_ttl", "_ttl", "_permits")
+    __slots__ = ("settings", "message_ttl", "_ttl", "_permits", "_open")
 
     kind = "mesh"
     replay = False   # ActiveMQ default: a message never goes back to a broker on its path
@@ -54,6 +54,10 @@ class MeshPolicy:
         self.message_ttl = settings.message_ttl           # hops a forwarded message may make
         self._ttl = settings.consumer_ttl                 # hoisted: read per advisory
         self._permits: dict[str, str | None] = {}         # dst -> refusal reason or None
+        # no filter at all (the default): every destination is permitted, and a per-link
+        # cache would miss on each first sight of a destination -- most of a flood
+        self._open = settings.bridge_temp_destinations and not (
+            settings.excluded or settings.statically_included or settings.dynamically_included)
 
     # -- receiving side ------------------------------------------------------------
     def accept(self, bridge: "Bridge", adv: "Advisory") -> str | None:
@@ -62,7 +66,7 @@ class MeshPolicy:
         me = bridge.site.broker_id
         if adv.origin == me or me in adv.path:
             return "loop"
-        return self.permit(adv.dst)
+        return None if self._open else self.permit(adv.dst)
 
     def permit(self, dst: str) -> str | None:
         """Permission order of DESIGN §4.1; cached per destination."""

@@ -115,7 +115,8 @@ class Site:
         self._bridges: dict[str, Bridge] = {}       # conn -> bridge
         self._lanes: dict[str, list[Bridge]] = {"mesh": [], "parent": [], "child": []}
         self._active: dict[tuple, Interest] = {}    # key -> interest holding demand
-        self._rivals: dict[str, list[Interest]] = {}  # consumer -> suppressed instances
+        self._rivals: dict[str, Any] = {}  # consumer -> its instance, or a list of them
+        #                                    (duplicate suppression: the kept one + rivals)
         self._locals: dict[str, dict[str, Interest]] = {}  # client conn -> sub -> interest
         self._owner: dict[str, Bridge] = {}         # broker id -> child link (tree)
         self._seq = 0
@@ -350,8 +351,21 @@ class Site:
         return stats
 
     # -- tree subtree ownership (read by TreePolicy) -------------------------------
-    def subtree_owner(self, broker_id: str) -> Bridge | None:
-        return self._owner.get(broker_id)
+    def subtree_owner(self, broker_id: str, claimant: Bridge | None = None) -> Bridge | None:
+        """The child link whose subtree holds ``broker_id``, or None.
+
+        A claim lapses once its link no longer carries any interest naming that broker (a
+        store moved to another region): only then may another child claim it.  The scan
+        runs only when someone other than the owner asks, i.e. on a move or a spoof."""
+        owner = self._owner.get(broker_id)
+        if owner is None or owner is claimant or owner.peer == broker_id:
+            return owner
+        for it in owner.remote.values():
+            if broker_id in it.path:
+                return owner
+        del self._owner[broker_id]
+        owner.owned.discard(broker_id)
+        return None
 
     def claim_subtree(self, bridge: Bridge, brokers: Sequence[str]) -> None:
         owner = self._owner
@@ -368,8 +382,17 @@ class Site:
     def admit(self, it: Interest, out: list, now: float) -> None:
         """A newly accepted instance: activate it unless a better duplicate holds."""
         if it.source.policy.suppresses(it.dst):
-            rivals = self._rivals.setdefault(it.consumer, [])
-            rivals.append(it)
+            # most consumers reach us by one route: the lone instance is held bare, a
+            # list only from the second route on
+            held = self._rivals.get(it.consumer)
+            if held is None:
+                self._rivals[it.consumer] = it
+                rivals = ()
+            elif type(held) is list:
+                rivals = held
+                rivals.append(it)
+            else:
+                rivals = self._rivals[it.consumer] = [held, it]
             kept = next((r for r in rivals if r.active), None)
             if kept is not None:
                 if it.demand_priority <= kept.demand_priority:
@@ -397,7 +420,7 @@ class Site:
         for bridge in it.sent_to:
             if bridge.up:
                 bridge.retract(it, out)
-        it.sent_to = []
+        it.sent_to = ()
 
     def forget(self, it: Interest, out: list, now: float, *, gone: bool = False) -> None:
         """The instance is gone (removal, link loss, consumer closed)."""
@@ -410,15 +433,24 @@ class Site:
             self._activate(best, out, now)
 
     def _unrival(self, it: Interest) -> list[Interest] | None:
-        rivals = self._rivals.get(it.consumer)
-        if rivals is None:
+        """Take ``it`` out of its consumer's instances; the ones left (None: none)."""
+        rivals = self._rivals
+        held = rivals.get(it.consumer)
+        if held is None:
             return None
-        if it in rivals:
-            rivals.remove(it)
-        if not rivals:
-            del self._rivals[it.consumer]
+        if type(held) is not list:
+            if held is it:
+                del rivals[it.consumer]
+                return None
+            return [held]
+        if it in held:
+            held.remove(it)
+        if not held:
+            del rivals[it.consumer]
             return None
-        return rivals
+        if len(held) == 1:
+            rivals[it.consumer] = held[0]
+        return held
 
     def _advertise(self, it: Interest, out: list) -> None:
         src = it.source

@@ -73,7 +73,7 @@ class TreePolicy:
         if (path[0] if path else bridge.peer) != origin:
             return "malformed"
         for broker in path:
-            owner = site.subtree_owner(broker)
+            owner = site.subtree_owner(broker, bridge)
             if owner is not None and owner is not bridge:
                 return "malformed"  # a spoof: that broker lives under another child
         site.claim_subtree(bridge, path)
