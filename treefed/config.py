@@ -46,6 +46,7 @@ from treefed.errors import ConfigError, TreefedError
 
 __all__ = [
     "BrokerConfig",
+    "read_toml",
     "BrokerSection",
     "LoggingSection",
     "PolicyConfig",
@@ -627,16 +628,20 @@ def parse_tree_options(table: dict, key: str = "") -> dict:
 # --------------------------------------------------------------------------- load / parse
 
 
-def load_config(path: str | Path) -> BrokerConfig:
-    """Read and validate one broker config file. Raises ConfigError on any problem."""
+def read_toml(path: str | Path) -> dict:
+    """Decode a TOML file; an unreadable or malformed file is a ConfigError naming it."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError("", f"{path}: cannot read: {exc.strerror or exc}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError("", f"{path}: invalid TOML: {exc}") from None
-    return parse_config(data, source=str(path))
+
+
+def load_config(path: str | Path) -> BrokerConfig:
+    """Read and validate one broker config file. Raises ConfigError on any problem."""
+    return parse_config(read_toml(path), source=str(path))
 
 
 def parse_config(data: dict, *, source: str = "<string>") -> BrokerConfig:

@@ -66,14 +66,13 @@ killed only while it runs, consumers are removed only after they were added.
 from __future__ import annotations
 
 import string
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from treefed.config import (
     _REQUIRED, _bool, _check_table, _identifier, _int, _number, _show, _string, _suggest,
-    parse_mesh_options, parse_tree_options,
+    parse_mesh_options, parse_tree_options, read_toml,
 )
 from treefed.errors import ConfigError, TreefedError
 from treefed.scenario.topology import ROOT_ID, BrokerSpec, LayerSpec, Topology, TopologySpec, build
@@ -291,14 +290,7 @@ _TOP = ("name", "description", "seed", "topology", "mode", "workload", "timeline
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file. Raises ConfigError on any problem."""
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError("", f"{path}: cannot read: {exc.strerror or exc}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError("", f"{path}: invalid TOML: {exc}") from None
-    return parse_scenario(data, source=str(path))
+    return parse_scenario(read_toml(path), source=str(path))
 
 
 def parse_scenario(data: dict, *, source: str = "<string>") -> Scenario:
