@@ -536,6 +536,11 @@ def _session(args: argparse.Namespace) -> tuple[SparkSession, bool]:
     if context.master.startswith("local") and \
             not context.getConf().contains("spark.sql.shuffle.partitions"):
         spark.conf.set("spark.sql.shuffle.partitions", str(args.partitions))
+    if not context.getConf().contains("spark.sql.autoBroadcastJoinThreshold"):
+        # Per-broker and per-destination tables of a 4,000-broker TTL 2 run are millions
+        # of rows, and Spark's size estimate after aggregation can pick one to broadcast
+        # and exhaust the driver heap; sort-merge joins scale with the data instead.
+        spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
     return spark, True
 
 
