@@ -204,6 +204,29 @@ class TestEventWriterFastPath:
             writer.write(1.0, "b", "run.started", {"params": ["a", 1]})
         assert json.loads(out.getvalue())["params"] == ["a", 1]
 
+    def test_batch_writes_the_same_lines_as_single_writes(self) -> None:
+        """write_logs gives, line for line, what write gives for each Log action."""
+        from treefed.core.actions import Log
+
+        logs = [Log("advisory.sent", {"link": "l", "peer": "p", "consumer": "c/a/s",
+                                      "dst": "queue://q", "origin": "c", "kind": "add",
+                                      "hops": 2}),
+                Log("run.started", {"params": ["a", 1]}),     # unhashable: the encoder
+                Log("broker.info", {}),
+                Log("advisory.sent", {"link": "l", "peer": "p2", "consumer": "c/a/s",
+                                      "dst": "queue://q", "origin": "c", "kind": "add",
+                                      "hops": 2})]
+        single, batch = io.StringIO(), io.StringIO()
+        with EventWriter(single, run="r") as one, EventWriter(batch, run="r",
+                                                             buffer_lines=3) as many:
+            for ts in (1.0, 2.5):
+                for log in logs:
+                    one.write(ts, "hq", log.event, log.fields)
+                many.write_logs(ts, "hq", logs)
+            assert many.lines == 8
+        assert batch.getvalue() == single.getvalue()
+        assert len(batch.getvalue().splitlines()) == 8
+
     def test_gzip_level_and_many_chunks_through_the_thread(self, tmp_path: Path) -> None:
         """A path is written by the helper thread: every chunk arrives, in order."""
         path = tmp_path / "events.jsonl.gz"

@@ -109,6 +109,35 @@ class TestGarbageCollection:
             gc.set_threshold(*before)
 
 
+class TestFanOutQueue:
+    def test_one_frame_to_many_links_is_one_entry(self) -> None:
+        """Consecutive Outs of one frame object share a queue entry (one target per
+        link, in order); another frame, or the same one later, starts a new entry."""
+        from treefed.core.actions import Out
+        from treefed.scenario.engines.replay import _Link, _Node
+        from treefed.wire.frames import Advisory
+
+        sc = estate()
+        plan = build_plan(sc)
+        engine = ReplayEngine(plan, sc.mode("mesh-ttl2"), Recorder(plan))
+        specs = plan.topology.brokers
+        hub = _Node(specs[0])
+        links = [_Link(_Node(spec), hub, "mesh") for spec in specs[1:4]]
+        for link in links:
+            hub.ends[link.parent_conn] = (link, link.child, link.child_conn)
+        adv = Advisory("add", "c/a/s", "queue://q", "c", None, 0, [])
+        other = Advisory("add", "d/a/s", "queue://q", "d", None, 0, [])
+        engine._perform(hub, [Out(link.parent_conn, adv) for link in links]
+                        + [Out(links[0].parent_conn, other)], 1.0)
+        engine._perform(hub, [Out(links[1].parent_conn, other)], 2.0)
+        entries = list(engine._q)
+        assert [(t, frame is adv, len(targets) // 4) for t, frame, targets in entries] == \
+            [(1.0 + engine.latency, True, 3), (1.0 + engine.latency, False, 1),
+             (2.0 + engine.latency, False, 1)]
+        assert entries[0][2][0::4] == [link.child for link in links]
+        assert engine._queued() == 5
+
+
 class TestInterestCost:
     def test_tree_advisories_equal_depth(self) -> None:
         """Tree: a store consumer's advisory travels one frame per level, demand at its
@@ -181,6 +210,30 @@ class TestRecorder:
                      {"msg": msg.id, "dst": msg.dst, "consumer": consumer})
         out = rec.finish(2.0)
         assert out["delivered"] == 1 and out["duplicates"] == 1 and out["unexpected"] == 1
+
+    def test_batch_counts_like_single_events(self) -> None:
+        """emit_logs writes and tallies a step's Log actions exactly as emit does."""
+        from treefed.core.actions import Log
+
+        plan = build_plan(estate(hq_to_stores=1))
+        msg = next(iter(plan.messages.values()))
+        adv = {"link": "l", "peer": "p", "consumer": "c/a/s", "dst": "queue://q",
+               "origin": "c", "hops": 1}
+        logs = [Log("advisory.sent", {**adv, "kind": "add"}),
+                Log("advisory.sent", {**adv, "kind": "remove"}),
+                Log("advisory.received", {**adv, "kind": "add"}),
+                Log("advisory.received", {**adv, "kind": "remove"}),
+                Log("demand.created", {**adv, "priority": 0, "conduit": False}),
+                Log("message.produced", {"msg": msg.id, "dst": msg.dst})]
+        one, many = Recorder(plan, ListWriter()), Recorder(plan, ListWriter())
+        for log in logs:
+            one.emit(1.0, "hq", log.event, log.fields)
+        many.emit_logs(1.0, "hq", logs)
+        assert many.writer.lines == one.writer.lines
+        assert many.counts == one.counts
+        assert (many.adds_sent, many.removes_sent, many.adds_received) == (1, 1, 1)
+        assert many.holder == one.holder == {msg.id: "hq"}
+        assert many.finish(2.0) == one.finish(2.0)
 
     def test_stranded_at_last_holder(self) -> None:
         """An undelivered queue message is stranded where it was last forwarded to."""

@@ -283,11 +283,15 @@ class Bridge:
                 "link": self.name, "peer": self.peer, "consumer": adv.consumer,
                 "dst": adv.dst, "origin": adv.origin, "kind": adv.kind,
                 "hops": len(adv.path) + 1}))
-        if not self.accepts or _malformed(adv):
+        # _malformed inlined up to its per-frame cache (a fan-out's frame is checked once)
+        if not self.accepts or (_CHECKED.get(id(adv)) is not adv and _malformed(adv)):
             # a one-way link's accepting side takes no interest: the peer broke the rules
             self.drop(adv, "malformed", out)
             return
-        key = _shared_key(adv.consumer, (*adv.path, self.peer))
+        probe = (adv.consumer, (*adv.path, self.peer))
+        key = _KEYS.get(probe)   # _shared_key's hit, inlined
+        if key is None:
+            key = _shared_key(*probe)
         if adv.kind == "remove":
             it = self.remote.pop(key, None)
             if it is not None:  # unknown: its add was refused (and logged) already
@@ -324,7 +328,8 @@ class Bridge:
             if reason:
                 self.drop(it, reason, out)
             return
-        out.append(Out(self.conn, it.frame("add")))
+        frame = it._frame    # it.frame("add"), inlined: built once per interest
+        out.append(Out(self.conn, frame if frame is not None else it.frame("add")))
         if it.sent_to:
             it.sent_to.append(self)
         else:

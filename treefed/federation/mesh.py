@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from treefed.core.destinations import is_temp, is_topic, matches
+from treefed.core.destinations import is_temp, matches
 from treefed.federation.settings import LinkSettings
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,7 +42,8 @@ _CACHE_LIMIT = 4096
 
 
 class MeshPolicy:
-    __slots__ = ("settings", "message_ttl", "_ttl", "_permits", "_open")
+    __slots__ = ("settings", "message_ttl", "_ttl", "_permits", "_open", "_conduits",
+                 "_suppress_topics", "_suppress_queues")
 
     kind = "mesh"
     replay = False   # ActiveMQ default: a message never goes back to a broker on its path
@@ -53,6 +54,9 @@ class MeshPolicy:
         self.settings = settings
         self.message_ttl = settings.message_ttl           # hops a forwarded message may make
         self._ttl = settings.consumer_ttl                 # hoisted: read per advisory
+        self._conduits = settings.conduit_subscriptions   # likewise (settings are frozen)
+        self._suppress_topics = settings.suppress_duplicate_topic_subscriptions
+        self._suppress_queues = settings.suppress_duplicate_queue_subscriptions
         self._permits: dict[str, str | None] = {}         # dst -> refusal reason or None
         # no filter at all (the default): every destination is permitted, and a per-link
         # cache would miss on each first sight of a destination -- most of a flood
@@ -114,12 +118,15 @@ class MeshPolicy:
     def conduit(self, dst: str, hops: int) -> bool:
         # a queue consumer that is itself network demand keeps its own subscription:
         # merging it would hide the route's length from dispatch.
-        return self.settings.conduit_subscriptions and (hops == 1 or is_topic(dst))
+        # is_topic, inlined: called for every accepted advisory
+        return self._conduits and (hops == 1 or dst.startswith("topic://")
+                                   or dst.startswith("temp-topic://"))
 
     def conduit_selector(self, selectors: dict[str | None, int]) -> str | None:
         return None  # ActiveMQ conduits forget selectors (the stranding of guide §5)
 
     def suppresses(self, dst: str) -> bool:
-        s = self.settings
-        return s.suppress_duplicate_topic_subscriptions if is_topic(dst) \
-            else s.suppress_duplicate_queue_subscriptions
+        # is_topic, inlined: called for every accepted advisory
+        if dst.startswith("topic://") or dst.startswith("temp-topic://"):
+            return self._suppress_topics
+        return self._suppress_queues

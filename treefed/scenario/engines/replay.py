@@ -23,10 +23,14 @@ re-attached and its links re-dialed.
 
 Every ``Log`` action goes to the Recorder with ``ts`` = virtual time.  The hot path
 (one frame) is: pop, epoch check, ``handle_frame``, then one pass over the actions with
-the per-kind work inlined.  Site timers (expiry, rested-message replays) sit in one heap
-of ``(deadline, site)``, re-armed after every entry point into a site and fired in time
-order with the frames.  The run ends ``QUIET_S`` virtual seconds after the last step;
-frames still queued then are counted, not delivered (a routing loop cannot hang it).
+the per-kind work inlined; the Log actions of that pass reach the Recorder in one call.
+A queue entry is ``(time, frame, [node, conn, link, epoch, ...])``: a fan-out of one
+frame object to many links at one time is one entry (millions fewer tuples in a mesh
+flood), still delivered in the order separate entries would have been.  Site timers
+(expiry, rested-message replays) sit in one heap of ``(deadline, site)``, re-armed after
+every entry point into a site and fired in time order with the frames.  The run ends
+``QUIET_S`` virtual seconds after the last step; frames still queued then are counted,
+not delivered (a routing loop cannot hang it).
 
 Garbage collection: a mesh estate is millions of long-lived objects (interest, demand,
 consumers), and a generational collection that walks them costs several times the
@@ -159,7 +163,7 @@ class ReplayEngine:
         rec.emit(self.now, RUNNER, "run.finished",
                  run_fields(plan, self.mode, self.name, self.topology, params))
         return {"virtual_s": self.now, "frames": self.frames,
-                "frames_unfinished": len(self._q), "client_errors": self.client_errors,
+                "frames_unfinished": self._queued(), "client_errors": self.client_errors,
                 "outcome": outcome}
 
     # ------------------------------------------------------------------ frames
@@ -183,25 +187,42 @@ class ReplayEngine:
                 continue
             if t > until:
                 break
-            t, node, conn, frame, link, epoch = popleft()
-            if link.epoch != epoch:
-                continue       # sent on a link that has gone down since
-            self.now = t
-            frames += 1
-            site = node.site
-            perform(node, site.handle_frame(conn, frame, t), t)
-            if acks:
-                self._run_acks(t)
-            deadline = site.next_deadline()
-            if deadline is not None and deadline != node.armed:
-                self._arm(node, deadline)
-            if frames >= next_report:
-                next_report = frames + _PROGRESS_EVERY
-                gc.freeze()
-                if progress is not None:
-                    self.frames = frames
-                    progress({"t": t, "frames": frames, "queued": len(q)})
+            t, frame, targets = popleft()
+            n = len(targets)
+            i = 0
+            while i < n:
+                node = targets[i]
+                conn = targets[i + 1]
+                link = targets[i + 2]
+                epoch = targets[i + 3]
+                i += 4
+                if link.epoch != epoch:
+                    continue       # sent on a link that has gone down since
+                self.now = t
+                frames += 1
+                site = node.site
+                perform(node, site.handle_frame(conn, frame, t), t)
+                if acks:
+                    self._run_acks(t)
+                deadline = site.next_deadline()
+                if deadline is not None and deadline != node.armed:
+                    self._arm(node, deadline)
+                if frames >= next_report:
+                    next_report = frames + _PROGRESS_EVERY
+                    gc.freeze()
+                    if progress is not None:
+                        self.frames = frames
+                        progress({"t": t, "frames": frames, "queued": len(q)})
+                if i < n and timers and timers[0][0] <= t:
+                    # a timer due first: the rest of the fan-out waits behind it, as
+                    # separate entries would have
+                    q.appendleft((t, frame, targets[i:]))
+                    break
         self.frames = frames
+
+    def _queued(self) -> int:
+        """Frames still queued (an entry holds 4 slots per receiving end)."""
+        return sum(len(targets) for _, _, targets in self._q) // 4
 
     def _arm(self, node: _Node, deadline: float) -> None:
         node.armed = deadline
@@ -217,19 +238,29 @@ class ReplayEngine:
 
     def _perform(self, node: _Node, actions: list, now: float) -> None:
         ends = node.ends
-        emit = self.rec.emit
         when = now + self.latency
-        push = self._q.append
-        bid = node.id
+        q = self._q
+        # Log lines are handed to the recorder in one batch per step (order kept);
+        # a Close flushes them first, as it performs other nodes' steps
+        logs: list | None = None
         for a in actions:
             kind = type(a)
             if kind is Log:
-                emit(now, bid, a.event, a.fields)
+                if logs is None:
+                    logs = [a]
+                else:
+                    logs.append(a)
             elif kind is Out:
                 end = ends.get(a.conn)
                 if end is not None:
                     link, peer, pconn = end
-                    push((when, peer, pconn, a.frame, link, link.epoch))
+                    frame = a.frame
+                    # a fan-out (one frame object to many links) shares one entry; only
+                    # the last entry is joined, so the delivery order is unchanged
+                    if q and (last := q[-1])[1] is frame and last[0] == when:
+                        last[2].extend((peer, pconn, link, link.epoch))
+                    else:
+                        q.append((when, frame, [peer, pconn, link, link.epoch]))
                 elif a.conn == APP_CONN:
                     frame = a.frame
                     if type(frame) is Deliver:
@@ -243,8 +274,13 @@ class ReplayEngine:
             elif kind is Close:
                 end = ends.get(a.conn)
                 if end is not None:
+                    if logs:
+                        self.rec.emit_logs(now, node.id, logs)
+                        logs = None
                     self._disconnect(end[0], now)
             # Pause / Resume: flow control needs limits, which scenarios do not set
+        if logs:
+            self.rec.emit_logs(now, node.id, logs)
 
     def _run_acks(self, now: float) -> None:
         acks = self._acks
