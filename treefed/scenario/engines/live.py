@@ -53,7 +53,7 @@ from treefed.transport.uri import Endpoint
 from treefed.wire.frames import (PROTOCOL_VERSION, Ack, Deliver, Error, Hello, Send,
                                  Subscribe, Unsubscribe)
 
-__all__ = ["LiveEngine", "site_config", "App", "QUIET_S"]
+__all__ = ["LiveEngine", "site_config", "App", "QUIET_S", "apply_traffic"]
 
 _GONE = (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError)
 #: Virtual seconds of silence after the last step before the run is declared over.
@@ -143,6 +143,31 @@ class App:
                     await framed.send_frames(frames)
         except _GONE:
             pass   # the reader sees the end too and stops the connection
+
+
+
+def apply_traffic(step: Step, sites: dict, consumers: dict, body: bytes) -> bool:
+    """The timeline steps every live engine performs alike (sends, consumers coming and
+    going) through each site's App; False for any other action."""
+    action = step.action
+    if action == "send":
+        for m in step.messages:
+            site = sites[m.broker]
+            if site.alive:
+                site.app.send(m.id, m.dst, m.headers, body, m.persistent)
+    elif action == "add_consumer":
+        for c in step.consumers:
+            consumers.setdefault(c.broker, {})[c.sub] = c
+            if sites[c.broker].alive:
+                sites[c.broker].app.subscribe(c)
+    elif action == "remove_consumer":
+        for c in step.consumers:
+            consumers.get(c.broker, {}).pop(c.sub, None)
+            if sites[c.broker].alive:
+                sites[c.broker].app.unsubscribe(c.sub)
+    else:
+        return False
+    return True
 
 
 class _Site:
@@ -313,22 +338,9 @@ class LiveEngine:
     async def _step(self, step: Step) -> None:
         action = step.action
         sites = self.sites
-        if action == "send":
-            for m in step.messages:
-                site = sites[m.broker]
-                if site.alive:
-                    site.app.send(m.id, m.dst, m.headers, self._body, m.persistent)
-        elif action == "add_consumer":
-            for c in step.consumers:
-                self.consumers.setdefault(c.broker, {})[c.sub] = c
-                if sites[c.broker].alive:
-                    sites[c.broker].app.subscribe(c)
-        elif action == "remove_consumer":
-            for c in step.consumers:
-                self.consumers.get(c.broker, {}).pop(c.sub, None)
-                if sites[c.broker].alive:
-                    sites[c.broker].app.unsubscribe(c.sub)
-        elif action == "cut_link":
+        if apply_traffic(step, sites, self.consumers, self._body):
+            return
+        if action == "cut_link":
             for t in step.targets:
                 self.cut.add(t)
                 self.restored[t] = trio.Event()

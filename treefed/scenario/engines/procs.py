@@ -44,7 +44,7 @@ from treefed.config import dump_config
 from treefed.errors import LocalError
 from treefed.events import EVENTS
 from treefed.scenario.engines.common import RUNNER, broker_info, run_fields, run_params
-from treefed.scenario.engines.live import App, site_config
+from treefed.scenario.engines.live import App, apply_traffic, site_config
 from treefed.scenario.results import Recorder
 from treefed.scenario.spec import Mode
 from treefed.scenario.topology import BrokerSpec, Topology
@@ -291,22 +291,9 @@ class ProcsEngine:
     # ------------------------------------------------------------------ timeline
     async def _step(self, step: Step) -> None:
         action, sites = step.action, self.sites
-        if action == "send":
-            for m in step.messages:
-                site = sites[m.broker]
-                if site.alive:
-                    site.app.send(m.id, m.dst, m.headers, self._body, m.persistent)
-        elif action == "add_consumer":
-            for c in step.consumers:
-                self.consumers.setdefault(c.broker, {})[c.sub] = c
-                if sites[c.broker].alive:
-                    sites[c.broker].app.subscribe(c)
-        elif action == "remove_consumer":
-            for c in step.consumers:
-                self.consumers.get(c.broker, {}).pop(c.sub, None)
-                if sites[c.broker].alive:
-                    sites[c.broker].app.unsubscribe(c.sub)
-        elif action == "cut_link":
+        if apply_traffic(step, sites, self.consumers, self._body):
+            return
+        if action == "cut_link":
             for t in step.targets:
                 proxy = sites[t].proxy
                 proxy.cut = True
