@@ -95,19 +95,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(measure(doc, args.engine)))
         return 0
-    live = in_child(__file__, ["--stores", str(args.stores), "--ttl", str(args.ttl),
-                               "--engine", args.engine])
-    base = in_child(__file__, ["--stores", str(args.stores), "--ttl", str(args.ttl),
-                               "--engine", "replay"])
-    expected = expected_mesh_demand(args.stores, args.ttl)
+    report(__file__, ["--stores", str(args.stores), "--ttl", str(args.ttl)], args.engine,
+           expected_mesh_demand(args.stores, args.ttl),
+           {"bench": "mesh_convergence", "stores": args.stores, "ttl": args.ttl})
+    return 0
+
+
+def report(script: str, common: list[str], engine: str, expected: int, head: dict) -> None:
+    """Measure ``engine`` and the replay baseline in child processes; print one JSON line."""
+    live = in_child(script, [*common, "--engine", engine])
+    base = in_child(script, [*common, "--engine", "replay"])
     print(json.dumps({
-        "bench": "mesh_convergence", "stores": args.stores, "ttl": args.ttl,
-        "engine": args.engine, **live, "expected_demand": expected,
+        **head, "engine": engine, **live, "expected_demand": expected,
         "converged": live["demand_total"] == expected,
         "replay_seconds": base["seconds"], "replay_peak_rss_mb": base["peak_rss_mb"],
         "vs_replay": round(live["seconds"] / base["seconds"], 2) if base["seconds"] else None,
     }))
-    return 0
 
 
 if __name__ == "__main__":

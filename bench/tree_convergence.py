@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mesh_convergence import in_child, measure  # noqa: E402
+from mesh_convergence import measure, report  # noqa: E402
 
 
 def tree_doc(regions: int, stores: int) -> dict:
@@ -44,17 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(measure(doc, args.engine)))
         return 0
-    common = ["--regions", str(args.regions), "--stores", str(args.stores)]
-    live = in_child(__file__, [*common, "--engine", args.engine])
-    base = in_child(__file__, [*common, "--engine", "replay"])
-    expected = 2 * args.regions * args.stores
-    print(json.dumps({
-        "bench": "tree_convergence", "regions": args.regions, "stores": args.stores,
-        "engine": args.engine, **live, "expected_demand": expected,
-        "converged": live["demand_total"] == expected,
-        "replay_seconds": base["seconds"], "replay_peak_rss_mb": base["peak_rss_mb"],
-        "vs_replay": round(live["seconds"] / base["seconds"], 2) if base["seconds"] else None,
-    }))
+    report(__file__, ["--regions", str(args.regions), "--stores", str(args.stores)],
+           args.engine, 2 * args.regions * args.stores,
+           {"bench": "tree_convergence", "regions": args.regions, "stores": args.stores})
     return 0
 
 
