@@ -246,3 +246,39 @@ class TestEventWriterFastPath:
             writer.flush()
         with pytest.raises(ValueError):
             writer.close()
+
+
+class TestSharedFields:
+    """SharedFields: one dict logged by many sites is rendered once, found by identity."""
+
+    FIELDS = {"link": "mesh", "peer": "region-1", "consumer": "store-2/app/q",
+              "dst": "queue://Store.store-2.Incoming", "origin": "store-2", "kind": "add",
+              "hops": 2}
+
+    def test_renders_as_a_plain_dict_would(self) -> None:
+        from treefed.core.actions import Log, SharedFields
+
+        shared = SharedFields(self.FIELDS)
+        plain, fast = io.StringIO(), io.StringIO()
+        with EventWriter(plain, run="r") as one, EventWriter(fast, run="r") as many:
+            for broker in ("store-1", "store-3", "store-1"):
+                one.write(1.0, broker, "advisory.received", dict(self.FIELDS))
+                many.write_logs(1.0, broker, [Log("advisory.received", shared)])
+        assert fast.getvalue() == plain.getvalue()
+        assert len(fast.getvalue().splitlines()) == 3
+
+    def test_distinct_dicts_never_share_a_body(self, monkeypatch) -> None:
+        """Past the cache limit, and with equal-looking dicts made and dropped in turn
+        (ids free to be reused), every line still shows its own dict."""
+        import treefed.log as log_module
+        from treefed.core.actions import Log, SharedFields
+
+        monkeypatch.setattr(log_module, "_SHARED_LIMIT", 4)
+        out = io.StringIO()
+        with EventWriter(out) as writer:
+            for i in range(50):
+                fields = SharedFields(self.FIELDS, consumer=f"store-{i}/app/q")
+                writer.write_logs(float(i), "hq", [Log("advisory.received", fields)] * 2)
+                del fields
+        got = [json.loads(line)["consumer"] for line in out.getvalue().splitlines()]
+        assert got == [f"store-{i // 2}/app/q" for i in range(100)]

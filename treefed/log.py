@@ -17,7 +17,8 @@ structlog's own message key, so nothing needs renaming) and ``v`` (SCHEMA_VERSIO
   cached parts: the constant ``broker``/``event``/``run``/``v`` head per (broker, event),
   and one ``"key":value`` fragment per distinct (field, value) pair, JSON-escaped once by
   the stdlib encoder (ids repeat millions of times; escaping each time was most of the
-  cost).  Lines go out in chunks of many; a path is written by a helper thread, gzip at
+  cost).  ``SharedFields`` (the same fields logged by every receiver of one fan-out)
+  are rendered once and found again by identity.  Lines go out in chunks of many; a path is written by a helper thread, gzip at
   level 1 when it ends in ``.gz`` (zlib drops the GIL, so compression overlaps the run).
 
 Nothing here is imported by the pure packages; they return ``Log`` actions and the shell
@@ -38,6 +39,7 @@ from typing import IO, Any
 
 import structlog
 
+from treefed.core.actions import SharedFields
 from treefed.errors import ConfigError
 from treefed.events import SCHEMA_VERSION
 
@@ -114,6 +116,8 @@ _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circ
 #: Cached ``"key":value`` fragments kept before the cache is cleared (message ids are
 #: unique, so it would otherwise grow with the run).
 _FRAGMENT_LIMIT = 1 << 18
+#: Rendered SharedFields bodies kept (by the dict's identity) before the cache is cleared.
+_SHARED_LIMIT = 1 << 15
 #: Compressed chunks queued for the writer thread before ``write`` waits for it.
 _QUEUED_CHUNKS = 4
 
@@ -148,7 +152,7 @@ class EventWriter:
     """
 
     __slots__ = ("_file", "_owned", "_gzip", "_text", "_buf", "_limit", "_heads", "_run",
-                 "_frag", "_written", "_queue", "_thread", "_error", "_ts", "_ts_text")
+                 "_frag", "_shared", "_written", "_queue", "_thread", "_error", "_ts", "_ts_text")
 
     def __init__(self, path_or_file: str | os.PathLike | IO, *, run: str | None = None,
                  compress: bool | None = None, buffer_lines: int = 8192,
@@ -184,6 +188,7 @@ class EventWriter:
         self._limit = buffer_lines
         self._heads: dict[str, dict[str, str]] = {}   # broker -> event -> line head
         self._frag = _Fragments().__getitem__   # bound once: called per field
+        self._shared: dict[int, tuple[SharedFields, str]] = {}   # id -> (fields, body)
         self._written = 0
         # an engine writes every event of one step at the same time: repr it once
         self._ts: Any = None
@@ -231,6 +236,7 @@ class EventWriter:
         if heads is None:
             heads = self._heads[broker] = {}
         frag = self._frag
+        shared = self._shared
         buf = self._buf
         append = buf.append
         for a in logs:
@@ -240,15 +246,34 @@ class EventWriter:
                 head = heads[event] = self._make_head(broker, event)
             fields = a.fields
             if fields:
-                try:
-                    body = ",".join(map(frag, fields.items()))
-                except TypeError:  # an unhashable value: the encoder's own way
-                    body = _encode(fields)[1:-1]
+                if type(fields) is SharedFields:
+                    hit = shared.get(id(fields))
+                    if hit is not None and hit[0] is fields:
+                        append(f"{ts_text}{head},{hit[1]}}}\n")
+                        continue
+                    body = self._shared_body(fields)
+                else:
+                    try:
+                        body = ",".join(map(frag, fields.items()))
+                    except TypeError:  # an unhashable value: the encoder's own way
+                        body = _encode(fields)[1:-1]
                 append(f"{ts_text}{head},{body}}}\n")
             else:
                 append(f"{ts_text}{head}}}\n")
         if len(buf) >= self._limit:
             self._spill()
+
+    def _shared_body(self, fields: SharedFields) -> str:
+        """Render shared fields once; the cache holds the dict, so its id stays its own."""
+        try:
+            body = ",".join(map(self._frag, fields.items()))
+        except TypeError:
+            body = _encode(fields)[1:-1]
+        shared = self._shared
+        if len(shared) >= _SHARED_LIMIT:
+            shared.clear()
+        shared[id(fields)] = (fields, body)
+        return body
 
     def _make_head(self, broker: str, event: str) -> str:
         run = f',"run":{_encode(self._run)}' if self._run is not None else ""

@@ -263,3 +263,45 @@ class TestMessageForwarding:
         assert sorted(e.delivered("A")) == sorted(ids)
         assert all(len(set(f.path)) == len(f.path) for f in e.forwarded())
         assert e.forwarded("C", "B") == [] and e.forwarded("B", "C")
+
+
+class TestSharedLogFields:
+    """The receivers of one fan-out log the same advisory.received / demand.created
+    fields object (the event writer renders it once), and the same content a site would
+    log alone."""
+
+    def estate(self):
+        e = Estate()
+        for name in ("R", "S1", "S2", "S3"):
+            e.add(name)
+        for store in ("S1", "S2", "S3"):
+            assert e.link(store, "R", LinkSettings(duplex=True, network_ttl=2))
+        e.subscribe("S1", "s", Q)
+        e.run_until_quiet()
+        return e
+
+    def logged(self, e, event):
+        return {b: log.fields for b, log in e.logs
+                if log.event == event and log.fields.get("consumer") == "S1/c/s"}
+
+    def test_siblings_share_one_fields_object(self):
+        e = self.estate()
+        for event in ("advisory.received", "demand.created"):
+            at = self.logged(e, event)
+            assert at["S2"] is at["S3"], event
+        received = self.logged(e, "advisory.received")
+        assert received["S2"] == {"link": LinkSettings().name, "peer": "R",
+                                  "consumer": "S1/c/s", "dst": Q, "origin": "S1",
+                                  "kind": "add", "hops": 2}
+        assert received["R"]["hops"] == 1 and received["R"] is not received["S2"]
+
+    def test_a_different_peer_or_link_gets_its_own(self):
+        from treefed.federation import bridge as bridge_module
+
+        frame = adv(consumer="X/c/1", origin="X", path=["X"])
+        first = bridge_module._received_fields(frame, "mesh", "R")
+        assert bridge_module._received_fields(frame, "mesh", "R") is first
+        other_peer = bridge_module._received_fields(frame, "mesh", "Q")
+        other_link = bridge_module._received_fields(frame, "backup", "R")
+        assert other_peer["peer"] == "Q" and other_link["link"] == "backup"
+        assert first["peer"] == "R" and first["link"] == "mesh"

@@ -250,3 +250,46 @@ class TestRecorder:
         assert sink.lines[-1] == {"ts": 2.0, "broker": "region-1",
                                   "event": "message.stranded", "msg": msg.id,
                                   "dst": msg.dst}
+
+
+class TestSameTimeBatches:
+    """_deliver hands same-time entries over site by site: each link stays FIFO, every
+    frame is delivered once, time never goes back, a timer due now goes first."""
+
+    def engine(self, monkeypatch, batch: int):
+        import treefed.scenario.engines.replay as replay_module
+
+        monkeypatch.setattr(replay_module, "_BATCH", batch)
+        sc = estate()
+        plan = build_plan(sc)
+        eng = ReplayEngine(plan, sc.mode("tree"), Recorder(plan, None))
+        seen: list[tuple] = []
+        eng._handle = lambda node, conn, frame, link, epoch, t: seen.append(
+            (node, conn, frame, t))
+        return eng, seen
+
+    @pytest.mark.parametrize("batch", [1, 3, 256])
+    def test_every_site_gets_its_frames_in_queue_order(self, monkeypatch, batch) -> None:
+        eng, seen = self.engine(monkeypatch, batch)
+        link = object()
+        for i in range(7):   # seven fan-outs of one time, then a later frame
+            eng._q.append((1.0, f"f{i}", ["a", "x", link, 0, "b", "x", link, 0,
+                                          "c", "y", link, 0]))
+        eng._q.append((2.0, "g", ["a", "x", link, 0]))
+        eng._deliver(5.0)
+        assert len(seen) == 22
+        for node in "abc":
+            got = [frame for n, _, frame, _ in seen if n == node]
+            assert got == [f"f{i}" for i in range(7)] + (["g"] if node == "a" else [])
+        assert [t for *_, t in seen] == sorted(t for *_, t in seen)
+        if batch == 3:   # a batch goes site by site: a takes f0..f2 in a row
+            assert [(n, f) for n, _, f, _ in seen[:4]] == [
+                ("a", "f0"), ("a", "f1"), ("a", "f2"), ("b", "f0")]
+
+    def test_not_past_until(self, monkeypatch) -> None:
+        eng, seen = self.engine(monkeypatch, 256)
+        link = object()
+        eng._q.extend([(1.0, "f", ["a", "x", link, 0]), (1.0, "f2", ["b", "x", link, 0]),
+                       (3.0, "late", ["a", "x", link, 0])])
+        eng._deliver(2.0)
+        assert [f for _, _, f, _ in seen] == ["f", "f2"] and len(eng._q) == 1

@@ -17,7 +17,8 @@ from typing import Any
 
 from treefed.wire.frames import Error, Frame
 
-__all__ = ["Action", "Out", "Close", "StoreMessage", "DeleteMessage", "Log", "Pause", "Resume"]
+__all__ = ["Action", "Out", "Close", "StoreMessage", "DeleteMessage", "Log", "SharedFields",
+           "Pause", "Resume"]
 
 
 class Action:
@@ -53,6 +54,15 @@ class DeleteMessage(Action):
 
     msg_id: str
     dst: str
+
+
+class SharedFields(dict):
+    """``Log`` fields that several Log actions share, and that nobody changes after they
+    are made: one advisory fanned out to a thousand sites is logged the same way at
+    each, so the pure layers hand every one of them the same dict, and a writer may
+    render it once (``log.EventWriter`` does, by identity)."""
+
+    __slots__ = ()
 
 
 @dataclass(slots=True)

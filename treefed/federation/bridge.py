@@ -38,7 +38,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from treefed.core.actions import Log, Out
+from treefed.core.actions import Log, Out, SharedFields
 from treefed.core.destinations import parse_destination
 from treefed.core.selector import compile_selector
 from treefed.errors import DestinationError, SelectorError, TreefedError
@@ -109,6 +109,28 @@ def _malformed(adv: Advisory) -> bool:
         _CHECKED.clear()
     _CHECKED[id(adv)] = adv
     return False
+
+
+#: Log fields shared by every site that logs the same fact about one frame: the
+#: receivers of a fan-out log the same ``advisory.received`` and ``demand.created``
+#: lines (their own broker id aside), so they share one SharedFields and the event
+#: writer renders it once.  id(anchor) -> (anchor, *what else the fields depend on,
+#: fields); the anchor in the value keeps its id from being reused while listed.
+_RECEIVED_LOGS: dict[int, tuple] = {}
+_DEMAND_LOGS: dict[int, tuple] = {}
+_SHARED_LOGS_LIMIT = 1 << 15
+
+
+def _received_fields(adv: Advisory, link: str, peer: str) -> SharedFields:
+    hit = _RECEIVED_LOGS.get(id(adv))
+    if hit is not None and hit[0] is adv and hit[1] == link and hit[2] == peer:
+        return hit[3]
+    fields = SharedFields(link=link, peer=peer, consumer=adv.consumer, dst=adv.dst,
+                          origin=adv.origin, kind=adv.kind, hops=len(adv.path) + 1)
+    if len(_RECEIVED_LOGS) >= _SHARED_LOGS_LIMIT:
+        _RECEIVED_LOGS.clear()
+    _RECEIVED_LOGS[id(adv)] = (adv, link, peer, fields)
+    return fields
 
 
 def malformed(adv: Advisory) -> bool:
@@ -279,10 +301,7 @@ class Bridge:
         site = self.site
         site.counters["advisories_received"] += 1
         if site.log:
-            out.append(Log("advisory.received", {
-                "link": self.name, "peer": self.peer, "consumer": adv.consumer,
-                "dst": adv.dst, "origin": adv.origin, "kind": adv.kind,
-                "hops": len(adv.path) + 1}))
+            out.append(Log("advisory.received", _received_fields(adv, self.name, self.peer)))
         # _malformed inlined up to its per-frame cache (a fan-out's frame is checked once)
         if not self.accepts or (_CHECKED.get(id(adv)) is not adv and _malformed(adv)):
             # a one-way link's accepting side takes no interest: the peer broke the rules
@@ -435,6 +454,19 @@ class Bridge:
         return Log(event, fields)
 
     def _log_demand(self, event: str, it: Interest, d: Demand) -> Log:
-        return Log(event, {"link": self.name, "peer": self.peer, "consumer": it.consumer,
-                           "dst": d.dst, "origin": it.origin, "priority": d.priority,
-                           "conduit": d.conduit})
+        # shared between the sites that learn the same instance (the interest key is one
+        # object everywhere, see _shared_key) over links of the same name and peer
+        key = it.key
+        hit = _DEMAND_LOGS.get(id(key))
+        if hit is not None and hit[0] is key and hit[1] == event and hit[2] == self.name \
+                and hit[3] == self.peer and hit[4] == d.dst and hit[5] == d.priority \
+                and hit[6] is d.conduit:
+            return Log(event, hit[7])
+        fields = SharedFields(link=self.name, peer=self.peer, consumer=it.consumer,
+                              dst=d.dst, origin=it.origin, priority=d.priority,
+                              conduit=d.conduit)
+        if len(_DEMAND_LOGS) >= _SHARED_LOGS_LIMIT:
+            _DEMAND_LOGS.clear()
+        _DEMAND_LOGS[id(key)] = (key, event, self.name, self.peer, d.dst, d.priority,
+                                 d.conduit, fields)
+        return Log(event, fields)

@@ -22,13 +22,20 @@ one gets a new Broker and Site, its persistent messages restored, its consumers
 re-attached and its links re-dialed.
 
 Every ``Log`` action goes to the Recorder with ``ts`` = virtual time.  The hot path
-(one frame) is: pop, epoch check, ``handle_frame``, then one pass over the actions with
-the per-kind work inlined; the Log actions of that pass reach the Recorder in one call.
-A queue entry is ``(time, frame, [node, conn, link, epoch, ...])``: a fan-out of one
-frame object to many links at one time is one entry (millions fewer tuples in a mesh
-flood), still delivered in the order separate entries would have been.  Site timers
-(expiry, rested-message replays) sit in one heap of ``(deadline, site)``, re-armed after
-every entry point into a site and fired in time order with the frames.  The run ends
+(one frame) is: epoch check, ``handle_frame``, then one pass over the actions with the
+per-kind work inlined; the Log actions of that pass reach the Recorder in one call.  A
+queue entry is ``(time, frame, [node, conn, link, epoch, ...])``: a fan-out of one frame
+object to many links at one time is one entry (millions fewer tuples in a mesh flood).
+
+Entries due at the same virtual time are handed over site by site, ``_BATCH`` entries at
+a time: a mesh flood is thousands of fan-outs of one time, and a site that takes its
+frames in a row finds its tables still in the CPU cache instead of touching 4,000 sites'
+tables for every frame (at 4 x 1,000 stores this alone took the run from 150 s to
+112 s).  Each site still gets its frames in queue order, so every link stays FIFO; only
+the interleaving of different sites within one instant changes, which no site can
+observe.  Site timers (expiry, rested-message replays) sit in one heap of
+``(deadline, site)``, re-armed after every entry point into a site and fired in time
+order with the frames (one due now goes before the rest of its instant's frames).  The run ends
 ``QUIET_S`` virtual seconds after the last step; frames still queued then are counted,
 not delivered (a routing loop cannot hang it).
 
@@ -70,6 +77,8 @@ DEFAULT_LATENCY = 0.001
 #: Virtual seconds the run goes on after the last step (as the live engines do).
 QUIET_S = 5.0
 _PROGRESS_EVERY = 50_000   # frames between progress callbacks (and gc.freeze calls)
+#: Same-time queue entries regrouped by receiving site at once (see ``_deliver``).
+_BATCH = 256
 #: gc thresholds during a run: young collections rarely, old ones almost never.
 _GC_THRESHOLD = (100_000, 50, 1000)
 
@@ -124,6 +133,7 @@ class ReplayEngine:
         self._acks: deque = deque()
         self._timers: list[tuple[float, int, _Node]] = []   # heap of sites' deadlines
         self._seq = count()
+        self._next_report = _PROGRESS_EVERY
         self._accept = accept_settings(mode)
         self._link_name = LINK_NAME[mode.connector]
 
@@ -169,15 +179,16 @@ class ReplayEngine:
     # ------------------------------------------------------------------ frames
     def _deliver(self, until: float) -> None:
         """Hand over every queued frame, and fire every site timer, due at or before
-        ``until``, in time order (a timer before a frame of the same time)."""
+        ``until``, in time order (a timer before a frame of the same time).
+
+        Entries due at the same time are taken ``_BATCH`` at a time and handed over site
+        by site (each site's frames in queue order, so every link stays FIFO): a mesh
+        flood is thousands of fan-outs of one time, and a site that takes its frames in a
+        row finds its tables still in the CPU cache (see the module docstring)."""
         q = self._q
         popleft = q.popleft
-        perform = self._perform
-        acks = self._acks
         timers = self._timers
-        frames = self.frames
-        progress = self.progress
-        next_report = frames + _PROGRESS_EVERY
+        handle = self._handle
         while q or timers:
             t = q[0][0] if q else until + 1.0
             if timers and timers[0][0] <= t:
@@ -187,38 +198,53 @@ class ReplayEngine:
                 continue
             if t > until:
                 break
-            t, frame, targets = popleft()
-            n = len(targets)
-            i = 0
-            while i < n:
-                node = targets[i]
-                conn = targets[i + 1]
-                link = targets[i + 2]
-                epoch = targets[i + 3]
-                i += 4
-                if link.epoch != epoch:
-                    continue       # sent on a link that has gone down since
-                self.now = t
-                frames += 1
-                site = node.site
-                perform(node, site.handle_frame(conn, frame, t), t)
-                if acks:
-                    self._run_acks(t)
-                deadline = site.next_deadline()
-                if deadline is not None and deadline != node.armed:
-                    self._arm(node, deadline)
-                if frames >= next_report:
-                    next_report = frames + _PROGRESS_EVERY
-                    gc.freeze()
-                    if progress is not None:
-                        self.frames = frames
-                        progress({"t": t, "frames": frames, "queued": len(q)})
-                if i < n and timers and timers[0][0] <= t:
-                    # a timer due first: the rest of the fan-out waits behind it, as
-                    # separate entries would have
-                    q.appendleft((t, frame, targets[i:]))
-                    break
-        self.frames = frames
+            if len(q) == 1 or q[1][0] != t:
+                _, frame, targets = popleft()
+                for i in range(0, len(targets), 4):
+                    handle(targets[i], targets[i + 1], frame, targets[i + 2],
+                           targets[i + 3], t)
+                continue
+            by_site: dict[_Node, list] = {}
+            get = by_site.get
+            n = 0
+            while q and n < _BATCH and q[0][0] == t:
+                _, frame, targets = popleft()
+                n += 1
+                for i in range(0, len(targets), 4):
+                    node = targets[i]
+                    mine = get(node)
+                    if mine is None:
+                        by_site[node] = [frame, targets[i + 1], targets[i + 2],
+                                         targets[i + 3]]
+                    else:
+                        mine += (frame, targets[i + 1], targets[i + 2], targets[i + 3])
+            for node, mine in by_site.items():
+                for i in range(0, len(mine), 4):
+                    handle(node, mine[i + 1], mine[i], mine[i + 2], mine[i + 3], t)
+
+    def _handle(self, node: _Node, conn: str, frame: Any, link: _Link, epoch: int,
+                t: float) -> None:
+        """One frame to one site: the engine's hot path."""
+        if link.epoch != epoch:
+            return       # sent on a link that has gone down since
+        self.now = t
+        self.frames += 1
+        site = node.site
+        self._perform(node, site.handle_frame(conn, frame, t), t)
+        if self._acks:
+            self._run_acks(t)
+        deadline = site.next_deadline()
+        if deadline is not None and deadline != node.armed:
+            self._arm(node, deadline)
+        timers = self._timers
+        while timers and timers[0][0] <= t:
+            # a timer due now goes before the rest of this time's frames
+            self._fire(heapq.heappop(timers))
+        if self.frames >= self._next_report:
+            self._next_report = self.frames + _PROGRESS_EVERY
+            gc.freeze()
+            if self.progress is not None:
+                self.progress({"t": t, "frames": self.frames, "queued": len(self._q)})
 
     def _queued(self) -> int:
         """Frames still queued (an entry holds 4 slots per receiving end)."""
