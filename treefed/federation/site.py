@@ -385,15 +385,16 @@ class Site:
             # most consumers reach us by one route: the lone instance is held bare, a
             # list only from the second route on
             held = self._rivals.get(it.consumer)
-            if held is None:
+            if held is None:   # the usual case: nothing to compare with
                 self._rivals[it.consumer] = it
-                rivals = ()
-            elif type(held) is list:
-                rivals = held
-                rivals.append(it)
+                kept = None
             else:
-                rivals = self._rivals[it.consumer] = [held, it]
-            kept = next((r for r in rivals if r.active), None)
+                if type(held) is list:
+                    rivals = held
+                    rivals.append(it)
+                else:
+                    rivals = self._rivals[it.consumer] = [held, it]
+                kept = next((r for r in rivals if r.active), None)
             if kept is not None:
                 if it.demand_priority <= kept.demand_priority:
                     it.source.drop(it, "duplicate", out)
