@@ -80,6 +80,7 @@ class BrokerSection:
     max_redeliveries: int = 6        # nacks/lost deliveries before the DLQ
     dlq: str = "queue://DLQ"
     heartbeat_interval: float = 10.0  # seconds between pings on idle links; 0 = off
+    hello_timeout: float = 30.0      # seconds a new connection (either way) has to say hello
     accept_tree_children: bool = True  # refuse tree hellos when false
     accept_mesh: bool = True         # refuse mesh hellos when false
     max_store_bytes: int = 0         # message store size cap (0 = the disk): when reached,
@@ -459,6 +460,7 @@ _BROKER: dict[str, tuple[Checker, Any]] = {
     "max_redeliveries": (_int(0), 6),
     "dlq": (_destination(wildcards=False, queue_only=True), "queue://DLQ"),
     "heartbeat_interval": (_number(0.0), 10.0),
+    "hello_timeout": (_number(0.1), 30.0),
     "accept_tree_children": (_bool, True),
     "accept_mesh": (_bool, True),
     "max_store_bytes": (_int(0), 0),

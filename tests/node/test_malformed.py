@@ -5,6 +5,7 @@ client keeps sending and receiving and a stored message survives."""
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 
 import cbor2
 import pytest
@@ -138,15 +139,16 @@ class TestMalformedInput:
                                        for c in node.statistics()["conns"]))
             await peer.aclose()
 
-    async def test_silent_connection_closed_after_hello_timeout(self, nursery, tmp_path,
-                                                                monkeypatch):
-        """A connection that never says hello is closed with a hello_timeout error."""
-        from treefed.node import node as node_mod
-
-        monkeypatch.setattr(node_mod, "HELLO_TIMEOUT", 0.1)
+    async def test_silent_connection_closed_after_hello_timeout(self, nursery, tmp_path):
+        """A connection that never says hello is closed with a hello_timeout error after
+        ``[broker] hello_timeout``, not before."""
+        config = make_config(tmp_path)
+        config = replace(config, broker=replace(config.broker, hello_timeout=0.3))
         with trio.fail_after(10):
-            node, uri = await start_node(nursery, make_config(tmp_path))
+            node, uri = await start_node(nursery, config)
+            started = trio.current_time()
             peer = await RawPeer.open(uri, hello=False)
             error = await peer.error_and_close()
-            assert error.code == "hello_timeout"
+            assert error.code == "hello_timeout" and "0.3 s" in error.message
+            assert trio.current_time() - started >= 0.3
             await peer.aclose()

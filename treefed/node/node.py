@@ -35,7 +35,7 @@ Invariants:
   client is ``c<n>``.  The Site learns of a connection only after its hello
   (``client_connected`` / ``link_up``) and forgets it exactly once (``client_closed`` /
   ``link_down``).
-* Liveness: a connection has ``HELLO_TIMEOUT`` to say hello; with
+* Liveness: a connection has ``[broker] hello_timeout`` to say hello; with
   ``heartbeat_interval`` set, idle connections are pinged and one that leaves a ping
   unanswered for an interval is torn down.  Dialed links reconnect with the back-off of
   their URI (``static:`` defaults for a bare ``tcp://``), jittered, and show their state
@@ -115,8 +115,6 @@ INBOX_SIZE = 256
 MAX_BATCH = 512
 #: Seconds a closing connection may take to flush and to be closed by its peer.
 LINGER = 2.0
-#: Seconds a new connection has to send its hello.
-HELLO_TIMEOUT = 30.0
 #: +/- fraction applied to reconnect delays of dialed links.
 RECONNECT_JITTER = 0.1
 #: Allocations between young collections of the cyclic GC while a broker serves
@@ -399,10 +397,11 @@ class BrokerNode:
         framed, inbox = c.framed, self._inbox_send
         try:
             # a peer that connects and never says hello must not hold a socket forever
-            with trio.move_on_after(HELLO_TIMEOUT) as hello_wait:
+            timeout = self.config.broker.hello_timeout
+            with trio.move_on_after(timeout) as hello_wait:
                 frames = await framed.receive_frames()
             if hello_wait.cancelled_caught:
-                raise FrameError(f"no hello within {HELLO_TIMEOUT:g} s",
+                raise FrameError(f"no hello within {timeout:g} s",
                                  code="hello_timeout")
             c.last_rx = trio.current_time()
             # with authentication on, an accepted peer reaches the site task only once
