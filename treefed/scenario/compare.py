@@ -6,7 +6,7 @@ Runs each scenario with the replay engine under the tree connector and the mesh
 connector at TTL 1, 2 and 3 (duplex links; the scenario's own modes are kept, the
 missing ones of that set added), then hands every run directory to the Spark job
 (``treefed.analysis.job.main``) and prints where the report is.  The default set is
-``retail-small``, ``retail-4x250``, ``deep`` and ``reconfigure``; ``--full`` adds
+``retail-small``, ``retail-4x250``, ``deep``, ``reconfigure`` and ``churn``; ``--full`` adds
 ``retail-4x1000`` (millions of events at TTL 2 and 3).  A scenario is a file path or
 the name of a file in ``scenarios/`` (the working directory's, else the checkout's).
 Every scenario is validated before the first run starts.
@@ -27,7 +27,7 @@ from treefed.scenario.spec import Mode, Scenario, load_scenario
 __all__ = ["main", "DEFAULT_SCENARIOS", "FULL_SCENARIOS", "COMPARED_MODES",
            "find_scenario", "with_compared_modes"]
 
-DEFAULT_SCENARIOS = ("retail-small", "retail-4x250", "deep", "reconfigure")
+DEFAULT_SCENARIOS = ("retail-small", "retail-4x250", "deep", "reconfigure", "churn")
 FULL_SCENARIOS = (*DEFAULT_SCENARIOS, "retail-4x1000")
 #: label -> (connector, options) every compared scenario runs under.
 COMPARED_MODES: dict[str, tuple[str, dict]] = {
