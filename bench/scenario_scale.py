@@ -65,7 +65,8 @@ def child_mesh_replay(stores: int, out: str) -> dict:
             "advisory_events_per_s": round(adv / s["wall_s"]),
             "cpu_s": round(cpu, 3), "advisory_events_per_cpu_s": round(adv / cpu),
             "bytes_per_demand": round(s["peak_rss_mb"] * 2**20 / max(1, s["demand_created"])),
-            "log_bytes": (r.path / "events.jsonl.gz").stat().st_size}
+            "log_bytes": sum((r.path / name).stat().st_size for name in s["log_files"]),
+            "log_files": len(s["log_files"])}
 
 
 def child_log_only(lines: int, out: str) -> dict:

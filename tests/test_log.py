@@ -282,3 +282,44 @@ class TestSharedFields:
                 del fields
         got = [json.loads(line)["consumer"] for line in out.getvalue().splitlines()]
         assert got == [f"store-{i // 2}/app/q" for i in range(100)]
+
+
+class TestLogParts:
+    """part_lines: a long log goes on in further files, split between whole chunks."""
+
+    @pytest.mark.parametrize("count", [0, 25, 26, 31, 90, 100])
+    def test_every_line_once_in_order_no_empty_part(self, tmp_path: Path, count) -> None:
+        from treefed.log import part_path
+
+        first = tmp_path / "events.jsonl.gz"
+        writer = EventWriter(first, run="r", buffer_lines=10, part_lines=25)
+        for i in range(count):
+            writer.write(float(i), "b", "message.produced", {"msg": f"m{i}", "dst": "q"})
+        writer.close()
+        paths = writer.paths
+        assert paths[0] == first
+        assert paths[1:] == [part_path(first, i) for i in range(1, len(paths))]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [p.name for p in paths]
+        sizes, msgs = [], []
+        for p in paths:
+            lines = gzip.decompress(p.read_bytes()).decode().splitlines()
+            sizes.append(len(lines))
+            msgs += [json.loads(line)["msg"] for line in lines]
+        assert msgs == [f"m{i}" for i in range(count)]
+        assert len(paths) == 1 or all(n > 0 for n in sizes)
+        assert all(n <= 30 for n in sizes)   # 25, rounded up to the next chunk of 10
+
+    def test_part_names_sort_after_the_first(self) -> None:
+        from treefed.log import part_path
+
+        first = Path("run/events.jsonl.gz")
+        names = [first.name] + [part_path(first, i).name for i in (1, 2, 10)]
+        assert names == sorted(names) and names[1] == "events.part-0001.jsonl.gz"
+        assert part_path(Path("x/events.jsonl"), 3).name == "events.part-0003.jsonl"
+
+    def test_no_parts_for_an_open_file(self) -> None:
+        out = io.BytesIO()
+        with EventWriter(out, part_lines=1) as writer:
+            for i in range(5):
+                writer.write(1.0, "b", "broker.info", {})
+        assert writer.paths == [] and len(out.getvalue().splitlines()) == 5

@@ -55,6 +55,35 @@ class TestRunScenario:
         stranded = sum(1 for line in lines if line["event"] == "message.stranded")
         assert stranded == r.summary["stranded"] > 0
 
+    def test_a_big_log_is_written_in_parts(self, tmp_path, monkeypatch) -> None:
+        """Past LOG_PART_LINES the log goes on in events.part-NNNN.jsonl.gz files: every
+        line in exactly one part, in order, each part non-empty, all listed in the
+        summary and all found by the Spark job's file listing."""
+        import functools
+
+        from treefed.analysis.job import event_files
+        from treefed.log import EventWriter
+        from treefed.scenario import runner
+
+        monkeypatch.setattr(runner, "LOG_PART_LINES", 300)
+        monkeypatch.setattr(runner, "EventWriter",
+                            functools.partial(EventWriter, buffer_lines=100))
+        (r,) = run_scenario(SMALL, out=tmp_path, modes=["mesh-ttl2"])
+        names = r.summary["log_files"]
+        assert names[0] == "events.jsonl.gz" and len(names) >= 3
+        assert names[1:] == [f"events.part-{i:04d}.jsonl.gz" for i in range(1, len(names))]
+        lines, per_part = [], []
+        for name in names:
+            with gzip.open(r.path / name, "rt") as f:
+                part = [json.loads(line) for line in f]
+            per_part.append(len(part))
+            lines += part
+        assert len(lines) == r.summary["events"] and all(n > 0 for n in per_part)
+        assert max(per_part) <= 400          # a part closes at the chunk after 300 lines
+        assert [line["ts"] for line in lines] == sorted(line["ts"] for line in lines)
+        assert lines[0]["event"] == "run.started" and lines[-1]["event"] == "run.finished"
+        assert sorted(Path(f).name for f in event_files([str(r.path)])) == sorted(names)
+
     def test_resolved_scenario_reruns(self, small_runs) -> None:
         """scenario.toml parses back to the same scenario, with only the run's mode."""
         original = load_scenario(SMALL)

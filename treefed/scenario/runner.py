@@ -6,7 +6,9 @@ Theory of operation
 builds the plan once (workload.py: the same messages and expectations for every mode),
 then for each mode creates ``OUT/<run-id>/`` and runs the chosen engine into it:
 
-* ``events.jsonl.gz`` -- every event, through ``log.EventWriter`` (gzip);
+* ``events.jsonl.gz`` -- every event, through ``log.EventWriter`` (gzip); a run of more
+  than ``LOG_PART_LINES`` lines goes on in ``events.part-0001.jsonl.gz``, ... (gzip cannot
+  be split, so Spark reads one file on one core: parts let it use them all);
 * ``scenario.toml``   -- the scenario resolved to this run: defaults explicit, globs,
   templates and consumer names as planned, only this run's mode, so the file re-runs
   exactly this run;
@@ -39,6 +41,9 @@ from treefed.scenario.workload import Plan, build_plan
 
 __all__ = ["RunResult", "SUMMARY_KEYS", "run_scenario", "run_mode", "scenario_toml",
            "peak_rss_mb", "select_modes"]
+
+#: Lines per event-log file (about 14 MB of gzip): a bigger run is written in parts.
+LOG_PART_LINES = 2_000_000
 
 #: Keys every summary.json has (the issue's list); more follow them.
 SUMMARY_KEYS = ("run", "scenario", "mode", "engine", "brokers", "links", "advisory_frames",
@@ -98,7 +103,7 @@ def run_mode(plan: Plan, mode: Mode, cls: Any, engine: str, out: Path, *,
     run_id, path = _run_dir(out, plan.scenario.name, mode.label, engine)
     (path / "scenario.toml").write_text(scenario_toml(plan.scenario, mode), encoding="utf-8")
     started = time.perf_counter()
-    writer = EventWriter(path / "events.jsonl.gz", run=run_id)
+    writer = EventWriter(path / "events.jsonl.gz", run=run_id, part_lines=LOG_PART_LINES)
     try:
         recorder = Recorder(plan, writer)
         report = None if progress is None else (lambda info: progress(mode.label, info))
@@ -121,6 +126,7 @@ def run_mode(plan: Plan, mode: Mode, cls: Any, engine: str, out: Path, *,
         **outcome,
         "demand_held": outcome["demand_created"] - outcome["demand_removed"],
         "wall_s": round(wall, 3), "peak_rss_mb": peak_rss_mb(),
+        "log_files": [p.name for p in writer.paths],
         "connector": mode.connector, "options": mode.options, "seed": plan.scenario.seed,
         **{k: v for k, v in figures.items() if _jsonable(v)},
     }
