@@ -247,7 +247,7 @@ class TestQueueDispatch:
         assert kinds[:2] == ["StoreMessage", "Out"]
         assert to(out, "p") == [Receipt("m1")]
         assert [a for a in ack(b, "c", "s", "m1") if isinstance(a, DeleteMessage)] == [
-            DeleteMessage("m1", "queue://Q")]
+            DeleteMessage("m1", "queue://Q", consumed=True)]
 
     def test_non_persistent_send_is_not_stored_and_receipt_only_when_asked(self):
         """Non-persistent: no store; a Receipt comes only if the Send asked for one."""
@@ -614,7 +614,7 @@ class TestRestore:
         out = sub(b, "c", "s", "Q", now=6.0)
         delivered = [f for f in to(out, "c") if isinstance(f, Deliver)]
         assert [(f.msg, f.redelivered) for f in delivered] == [("m1", 2), ("m2", 0)]
-        assert DeleteMessage("m1", "queue://Q") in ack(b, "c", "s", "m1")
+        assert DeleteMessage("m1", "queue://Q", consumed=True) in ack(b, "c", "s", "m1")
 
     def test_restored_expired_message_is_expired(self):
         """A restored message whose time passed while down expires at the next timer."""

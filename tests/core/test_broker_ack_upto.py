@@ -77,7 +77,7 @@ class TestCumulativeAck:
         b, _ = broker_with(3, persistent=True)
         out = b.handle_frame("c", Ack("s", "m2", upto=True), 1.0)
         deletes = [a for a in out if type(a) is DeleteMessage]
-        assert deletes == [DeleteMessage(f"m{i}", "queue://Q") for i in range(3)]
+        assert deletes == [DeleteMessage(f"m{i}", "queue://Q", consumed=True) for i in range(3)]
 
     def test_acked_ids_are_remembered_as_consumed(self):
         """A producer re-sending a message the range acked is answered as a duplicate."""

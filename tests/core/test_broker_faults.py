@@ -3,12 +3,12 @@ reconnect or restart (persistent re-sends, tree-link retransmits), order of mess
 that come back after an outage, monotonic timestamps, and ``withdraw`` (a store commit
 that failed)."""
 
-from treefed.core.actions import Out, Resume
+from treefed.core.actions import DeleteMessage, Log, Out, Resume, StoreMessage
 from treefed.core.broker import Broker
 from treefed.core.message import Message
 from treefed.core.policy import DestinationPolicy, PolicySet
-from treefed.wire.frames import (Ack, Deliver, Error, Forward, ForwardAck, Receipt, Send,
-                                 Subscribe)
+from treefed.wire.frames import (Ack, Deliver, Error, Forward, ForwardAck, Nack, Receipt,
+                                 Send, Subscribe)
 
 
 def to(actions, conn):
@@ -100,6 +100,107 @@ class TestTreeLinkDuplicates:
         out = fwd(b, "L:HQ", "m1", ["HQ"])
         assert to(out, "L:HQ") == [ForwardAck(["m1"])]
         assert b.statistics()["destinations"]["queue://Q"]["depth"] == 1
+
+
+def deletes(actions):
+    return [a for a in actions if type(a) is DeleteMessage]
+
+
+def dropped(actions):
+    return [a.fields for a in actions if type(a) is Log and a.event == "message.dropped"]
+
+
+class TestConsumedAcrossRestart:
+    """The ids local consumers acked reach the store with their DeleteMessage
+    (``consumed=True``) and come back through ``restore(..., consumed=)``."""
+
+    def test_only_a_local_ack_marks_the_delete_consumed(self):
+        """A local consumer's ack (single or cumulative) yields DeleteMessage(consumed=
+        True); a forward-ack, an expiry and a move to the DLQ do not."""
+        b = Broker("B", PolicySet([("queue://EXP", DestinationPolicy(on_expiry="discard"))]),
+                   max_redeliveries=0)
+        b.handle_frame("c", Subscribe("s", "Q"), 0.0)
+        psend(b, "m1")
+        psend(b, "m2")
+        psend(b, "m3")
+        assert deletes(b.handle_frame("c", Ack("s", "m1"), 0.0)) == [
+            DeleteMessage("m1", "queue://Q", consumed=True)]
+        assert deletes(b.handle_frame("c", Ack("s", "m3", upto=True), 0.0)) == [
+            DeleteMessage("m2", "queue://Q", consumed=True),
+            DeleteMessage("m3", "queue://Q", consumed=True)]
+        # network demand: a forward-ack settles, but nothing was consumed here
+        b.add_consumer("L:HQ", "d", "queue://FWD", 0.0, peer="HQ")
+        psend(b, "f1", dst="queue://FWD")
+        assert deletes(b.handle_frame("L:HQ", ForwardAck(["f1"]), 0.0)) == [
+            DeleteMessage("f1", "queue://FWD")]
+        # expiry (discarded) and a dead letter
+        b.handle_frame("p", Send("queue://EXP", "e1", persistent=True, ttl=1000), 0.0)
+        assert deletes(b.handle_timer(2.0)) == [DeleteMessage("e1", "queue://EXP")]
+        b.handle_frame("c", Subscribe("n", "NACK"), 0.0)
+        psend(b, "n1", dst="queue://NACK")
+        assert deletes(b.handle_frame("c", Nack("n", "n1"), 0.0)) == [
+            DeleteMessage("n1", "queue://NACK")]
+
+    def test_consumed_id_restored_is_a_duplicate_on_mesh_and_tree_links(self):
+        """A forwarded persistent message a local consumer acked; the broker restarts
+        with the ids of its consumed deletes; the same id re-forwarded on a mesh link
+        and on a tree (revisit) link is acked and dropped as a duplicate, never
+        delivered again."""
+        b = Broker("S1")
+        b.handle_frame("c", Subscribe("s", "Q"), 0.0)
+        out = fwd(b, "L:HQ", "m1", ["HQ"])
+        assert got(out, "c") == ["m1"]
+        consumed = [a.msg_id for a in deletes(b.handle_frame("c", Ack("s", "m1"), 0.0))
+                    if a.consumed]
+        assert consumed == ["m1"]
+
+        b2 = Broker("S1")        # the restart: nothing held, the store hands back the ids
+        assert b2.restore([], 10.0, consumed=consumed) == []
+        b2.allow_revisits("L:R1")
+        b2.handle_frame("c", Subscribe("s", "Q"), 10.0)
+        for conn, path in (("L:HQ", ["HQ"]), ("L:R1", ["HQ", "R1"])):
+            out = fwd(b2, conn, "m1", path, now=11.0)
+            assert to(out, conn) == [ForwardAck(["m1"])]
+            assert got(out, "c") == [] and not [a for a in out if type(a) is StoreMessage]
+            assert dropped(out) == [{"msg": "m1", "dst": "queue://Q", "reason": "duplicate"}]
+        # a producer's persistent re-send of it is confirmed, not queued
+        out = psend(b2, "m1", now=12.0)
+        assert to(out, "p") == [Receipt("m1")] and got(out, "c") == []
+        stats = b2.statistics()
+        assert stats["dropped"] == {"duplicate": 3}
+        assert stats["destinations"].get("queue://Q", {"depth": 0})["depth"] == 0
+
+    def test_message_forwarded_on_may_come_back_after_restore(self):
+        """Only locally consumed ids are primed: a message that was forwarded on (and
+        forward-acked) before the restart is accepted again when a tree replay brings
+        it back."""
+        b = Broker("R1")
+        b.allow_revisits("L:HQ")
+        b.add_consumer("L:HQ", "f", "queue://>", 0.0, peer="HQ", fallback=True, replay=True)
+        out = fwd(b, "L:S1", "m1", ["S1"])
+        assert [f.id for f in forwards(out, "L:HQ")] == ["m1"]
+        out = b.handle_frame("L:HQ", ForwardAck(["m1"]), 0.0)
+        assert deletes(out) == [DeleteMessage("m1", "queue://Q")]   # not consumed
+
+        b2 = Broker("R1")
+        b2.restore([], 10.0, consumed=["other"])
+        b2.allow_revisits("L:HQ")
+        b2.handle_frame("c", Subscribe("s", "Q"), 10.0)
+        out = fwd(b2, "L:HQ", "m1", ["S1", "R1", "HQ"], now=11.0)
+        assert [a.msg.id for a in out if type(a) is StoreMessage] == ["m1"]
+        assert to(out, "L:HQ") == [ForwardAck(["m1"])] and got(out, "c") == ["m1"]
+        # while the id that was consumed stays a duplicate on the same link
+        out = fwd(b2, "L:HQ", "other", ["S1", "R1", "HQ"], now=11.0)
+        assert got(out, "c") == [] and b2.statistics()["dropped"] == {"duplicate": 1}
+
+    def test_restore_keeps_only_the_newest_window_of_consumed_ids(self):
+        """restore primes at most ``dedup_window`` ids, the newest (last) ones."""
+        b = Broker("S1", dedup_window=2)
+        b.restore([], 0.0, consumed=["a", "b", "c"])
+        b.handle_frame("c", Subscribe("s", "Q"), 0.0)
+        assert got(fwd(b, "L:HQ", "c", ["HQ"]), "c") == []
+        assert got(fwd(b, "L:HQ", "b", ["HQ"]), "c") == []
+        assert got(fwd(b, "L:HQ", "a", ["HQ"]), "c") == ["a"]
 
 
 class TestReturningOrder:

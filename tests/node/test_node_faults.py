@@ -1,6 +1,7 @@
 """BrokerNode under faults (issue #7): a full message store, a silent parent, the
-heartbeat a client learns from the hello, the replay delay, ``bye`` logging, and the
-master/slave lock wait of ``run_broker``."""
+heartbeat a client learns from the hello, the replay delay, ``bye`` logging, the
+master/slave lock wait of ``run_broker``, and duplicate detection of consumed messages
+across a restart."""
 
 from __future__ import annotations
 
@@ -142,6 +143,75 @@ class TestLiveness:
                                                       "replay_delay": 3.0}))
         root = BrokerNode(make_config(tmp_path))
         assert (leaf.site.broker.replay_delay, root.site.broker.replay_delay) == (3.0, 0.0)
+
+
+async def _upstream(uri: str) -> RawPeer:
+    """A raw peer that says hello as broker "up" on a mesh link."""
+    peer = await RawPeer.open(uri, hello=False)
+    await peer.send_raw(encode(Hello(PROTOCOL_VERSION, "broker", broker_id="up",
+                                     connector="mesh", link_name="m")))
+    assert type((await peer.framed.receive_frames())[0]) is Hello
+    return peer
+
+
+async def _until_forward_ack(peer: RawPeer, msg_id: str) -> None:
+    """Read what the broker sends (advisories...) until it acks ``msg_id``."""
+    while True:
+        for f in await peer.framed.receive_frames():
+            if type(f) is ForwardAck and msg_id in f.ids:
+                return
+
+
+class TestConsumedAcrossRestart:
+    async def test_reforward_after_restart_is_acked_and_not_delivered_again(self,
+                                                                           tmp_path):
+        """An upstream broker forwards a persistent message, the local consumer takes
+        and acks it; the node stops abruptly and a new one starts on the same data dir;
+        the upstream re-sends the same Forward (our ForwardAck "was lost"): it is acked
+        and dropped as a duplicate, and the consumer does not get it a second time."""
+        data = tmp_path / "data"
+        forward = encode(Forward("queue://in", "up-1", ["up"], body=b"once", persistent=True))
+        with trio.fail_after(20):
+            store = SqliteStore(data)
+            try:
+                async with trio.open_nursery() as nursery:
+                    _, uri = await start_node(nursery, make_config(data), store=store)
+                    async with connect(uri) as consumer:
+                        sub = await consumer.subscribe("queue://in")
+                        peer = await _upstream(uri)
+                        await peer.send_raw(forward)
+                        msg = await sub.receive()
+                        assert (msg.id, msg.body) == ("up-1", b"once")
+                        await msg.ack()
+                        await consumer.stat()          # the ack's batch is committed
+                    await peer.aclose()
+                    nursery.cancel_scope.cancel()      # no orderly shutdown
+                assert store.load_consumed() == ["up-1"] and store.load() == []
+            finally:
+                store.close()
+
+            store = SqliteStore(data)
+            try:
+                async with trio.open_nursery() as nursery:
+                    node = BrokerNode(make_config(data), store=store)
+                    assert node.restore() == 0
+                    addresses = await nursery.start(node.serve)
+                    uri = f"tcp://127.0.0.1:{addresses[0][1]}"
+                    async with connect(uri) as consumer:
+                        sub = await consumer.subscribe("queue://in")
+                        peer = await _upstream(uri)
+                        await peer.send_raw(forward)
+                        await _until_forward_ack(peer, "up-1")
+                        # A Deliver of it would have left in the ForwardAck's batch, so
+                        # it would be here before the stat reply on the same connection.
+                        stats = await consumer.stat()
+                        assert sub.queued == 0
+                        assert stats["dropped"] == {"duplicate": 1}
+                        await peer.aclose()
+                    nursery.cancel_scope.cancel()
+                assert store.load() == []
+            finally:
+                store.close()
 
 
 class TestSlaveLockWait:

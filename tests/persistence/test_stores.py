@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from treefed.core.message import Message
 from treefed.errors import ConfigError, StoreError
 from treefed.persistence import MemoryStore, MessageStore, SqliteStore
+from treefed.persistence.sqlite import PRUNE_EVERY
 
 Q = "queue://Store1.Incoming"
 
@@ -127,6 +128,123 @@ class TestMessageStore:
         assert info.value.code == "store_closed"
         with pytest.raises(StoreError):
             store.load()
+
+
+class TestConsumedIds:
+    """The consumed-id memory (duplicate detection across restarts), both stores."""
+
+    @pytest.fixture(params=["sqlite", "memory"])
+    def small(self, request, tmp_path):
+        """A store that keeps only the newest 5 consumed ids."""
+        s = (SqliteStore(tmp_path / "data", dedup_window=5) if request.param == "sqlite"
+             else MemoryStore(dedup_window=5))
+        yield s
+        s.close()
+
+    def test_consumed_ids_are_kept_oldest_first_with_their_deletes(self, store):
+        """Ids given with a batch's deletes are returned by load_consumed in order; a
+        batch of consumed ids alone is fine too."""
+        assert store.load_consumed() == []
+        store.apply(msgs(3), [])
+        store.apply([], [("m0", Q), ("m1", Q)], consumed=["m0", "m1"])
+        store.apply([], [], consumed=["elsewhere"])
+        store.apply([Message("late", Q)], [("m2", Q)], redelivered=[], consumed=["m2"])
+        assert store.load_consumed() == ["m0", "m1", "elsewhere", "m2"]
+        assert ids(store) == [("late", Q)]
+
+    def test_only_the_newest_window_is_kept(self, small):
+        """Past ``dedup_window`` the oldest ids are forgotten, whatever the batch sizes."""
+        n = 0
+        for size in (1, 3, 7, 2, 11, 1):
+            small.apply([], [], consumed=[f"c{i}" for i in range(n, n + size)])
+            n += size
+            assert small.load_consumed() == [f"c{i}" for i in range(max(0, n - 5), n)]
+
+    def test_window_zero_keeps_nothing(self, tmp_path):
+        """dedup_window=0: consumed ids are ignored (the broker keeps none either)."""
+        for s in (SqliteStore(tmp_path, dedup_window=0), MemoryStore(dedup_window=0)):
+            with s:
+                s.apply(msgs(1), [("m0", Q)], consumed=["m0"])
+                assert s.load_consumed() == [] and s.stats()["rows"] == 0
+
+    def test_negative_window_is_a_config_error(self, tmp_path):
+        """dedup_window below 0 is refused by both stores as a ConfigError."""
+        for make in (lambda: SqliteStore(tmp_path, dedup_window=-1),
+                     lambda: MemoryStore(dedup_window=-1)):
+            with pytest.raises(ConfigError) as info:
+                make()
+            assert info.value.key == "dedup_window"
+
+    def test_closed_store_refuses_load_consumed(self, store):
+        """load_consumed on a closed store raises StoreError(code='store_closed')."""
+        store.close()
+        with pytest.raises(StoreError) as info:
+            store.load_consumed()
+        assert info.value.code == "store_closed"
+
+    def test_consumed_ids_survive_close_and_reopen(self, tmp_path):
+        """What was committed is there after a reopen; a smaller window on reopen
+        returns (and, at the next insert, keeps) only the newest ids."""
+        with SqliteStore(tmp_path) as s:
+            s.apply(msgs(4), [("m0", Q), ("m1", Q)], consumed=["m0", "m1"])
+            s.apply([], [("m2", Q)], consumed=["m2"])
+        with SqliteStore(tmp_path) as s:
+            assert s.load_consumed() == ["m0", "m1", "m2"]
+            assert ids(s) == [("m3", Q)]
+        with SqliteStore(tmp_path, dedup_window=2) as s:
+            assert s.load_consumed() == ["m1", "m2"]
+            s.apply([], [("m3", Q)], consumed=["m3"])
+        db = sqlite3.connect(tmp_path / "messages.db")
+        rows = [r[0] for r in db.execute("SELECT id FROM consumed ORDER BY seq")]
+        db.close()
+        assert rows == ["m2", "m3"]
+
+    def test_table_is_pruned_in_bulk(self, tmp_path):
+        """The table is trimmed every so often, never growing past window + PRUNE_EVERY
+        rows, and load_consumed always returns exactly the newest window."""
+        window = PRUNE_EVERY // 2
+        with SqliteStore(tmp_path, synchronous="NORMAL", dedup_window=window) as s:
+            reader = sqlite3.connect(tmp_path / "messages.db")   # WAL: reads alongside
+            for batch in range(12):
+                s.apply([], [], consumed=[f"c{batch}-{i}" for i in range(500)])
+                n = reader.execute("SELECT count(*) FROM consumed").fetchone()[0]
+                assert n < window + PRUNE_EVERY
+                got = s.load_consumed()
+                assert len(got) == min(window, 500 * (batch + 1))
+                assert got[-1] == f"c{batch}-499"
+            reader.close()
+            assert n < 2 * window + 500   # it really was pruned (12 x 500 inserted)
+
+    def test_failed_batch_keeps_no_consumed_ids(self, tmp_path):
+        """Consumed ids are in the batch's transaction: a refused batch (store_full)
+        leaves neither its deletes nor its ids."""
+        with SqliteStore(tmp_path, max_bytes=128 * 1024) as s:
+            s.apply(msgs(50, prefix="keep"), [])
+            with pytest.raises(StoreError) as info:
+                s.apply([Message(f"big{i}", Q, body=bytes(1000)) for i in range(500)],
+                        [("keep0", Q)], consumed=["keep0"])
+            assert info.value.code == "store_full"
+            assert s.load_consumed() == [] and s.stats()["rows"] == 50
+            s.apply([], [("keep0", Q)], consumed=["keep0"])
+            assert s.load_consumed() == ["keep0"]
+
+    def test_data_dir_without_the_table_opens_and_gains_it(self, tmp_path):
+        """A messages.db written before the consumed table existed (same schema version)
+        opens, keeps its messages, and records consumed ids from then on."""
+        with SqliteStore(tmp_path) as s:
+            s.apply(msgs(2), [])
+        db = sqlite3.connect(tmp_path / "messages.db")
+        db.execute("DROP TABLE consumed")
+        db.commit()
+        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        db.close()
+        assert "consumed" not in tables and "messages" in tables
+        with SqliteStore(tmp_path) as s:
+            assert ids(s) == [("m0", Q), ("m1", Q)]
+            assert s.load_consumed() == []
+            s.apply([], [("m0", Q)], consumed=["m0"])
+        with SqliteStore(tmp_path) as s:
+            assert s.load_consumed() == ["m0"] and ids(s) == [("m1", Q)]
 
 
 class TestSqliteStore:

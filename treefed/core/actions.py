@@ -7,7 +7,9 @@ engines) performs them *in order*, with one batching guarantee that the core rel
     are committed to the message store before any Out action of that batch is written.
 
 That is what makes a ``Receipt`` (an Out) mean "committed", and lets many messages
-share one SQLite transaction (group commit).
+share one SQLite transaction (group commit).  A ``DeleteMessage(consumed=True)`` also
+asks the shell to remember the id as consumed, in that same commit (duplicate detection
+across restarts, see core/broker.py).
 """
 
 from __future__ import annotations
@@ -50,10 +52,15 @@ class StoreMessage(Action):
 
 @dataclass(slots=True)
 class DeleteMessage(Action):
-    """Remove the persisted copy of message ``msg_id`` held for destination ``dst``."""
+    """Remove the persisted copy of message ``msg_id`` held for destination ``dst``.
+
+    ``consumed``: the delete settles a queue message a *local* consumer acknowledged; the
+    shell records the id durably in the same commit (``store.apply(..., consumed=)``) so
+    that after a restart a late re-forwarded copy is still known as a duplicate."""
 
     msg_id: str
     dst: str
+    consumed: bool = False
 
 
 class SharedFields(dict):

@@ -31,19 +31,25 @@ even when persistent: treefed has no durable topic subscriptions.  Messages to t
 destinations are not stored either -- they die with the connection that owns them.
 
 Persistence: a persistent queue message yields StoreMessage when accepted and
-DeleteMessage when acked, dropped, expired or dead-lettered; the shell commits a batch's
-stores before its Outs, so a Receipt (an Out) means "stored".  Expiry: ``expires`` is
-absolute; expired messages are never delivered -- checked at dispatch, and a heap of
-pending messages' expiry times drives ``next_deadline`` / ``handle_timer``.
+DeleteMessage when acked, dropped, expired or dead-lettered (``consumed=True`` when a
+local consumer's ack settled it); the shell commits a batch's stores before its Outs, so
+a Receipt (an Out) means "stored".  Expiry: ``expires`` is absolute; expired messages are
+never delivered -- checked at dispatch, and a heap of pending messages' expiry times
+drives ``next_deadline`` / ``handle_timer``.
 
 Faults.  A queue message is *held* here from acceptance until it is acked, forward-acked
 or dropped; a copy of a held message, or of one a local consumer acked, is a duplicate
 whatever route it took (a producer re-sending after failover, a peer re-forwarding after
-a reconnect or a restart, a copy that toured the tree).  A rested message goes back up
-to a fallback (parent) only ``replay_delay`` after it rested, so a consumer that restarts
-gets its backlog here, in order; a message that returns to a broker it left is queued
-by timestamp among the newer ones (timestamps never go back).  ``withdraw`` takes back
-an accepted message whose store commit failed.
+a reconnect or a restart, a copy that toured the tree).  Duplicates survive a restart:
+held messages come back through ``restore``, and the ids local consumers acked (the
+newest ``dedup_window``) go to the store with their ``DeleteMessage(consumed=True)`` and
+come back as ``restore(..., consumed=)`` -- so a copy the upstream re-forwards because
+our ForwardAck was lost is still acked and dropped.  Ids that were only forwarded on are
+not remembered that way: such a message may come back on a tree link (a replay).  A
+rested message goes back up to a fallback (parent) only ``replay_delay`` after it
+rested, so a consumer that restarts gets its backlog here, in order; a message that
+returns to a broker it left is queued by timestamp among the newer ones (timestamps
+never go back).  ``withdraw`` takes back an accepted message whose store commit failed.
 
 Flow control ("block"): a Send to a full destination is parked, not accepted, and the
 connection is paused; its later sends queue behind it in order; when the destination has
@@ -447,10 +453,25 @@ class Broker:
             self._unblock(now, out)
         return out
 
-    def restore(self, messages: Iterable[Message], now: float) -> list[Action]:
+    def restore(self, messages: Iterable[Message], now: float,
+                consumed: Iterable[str] = ()) -> list[Action]:
         """Put stored messages back on their queues after a restart, in order, keeping
         ``redelivered``; no StoreMessage is emitted for them.  Rows that cannot belong in
-        the store (topic or temporary destinations) are deleted."""
+        the store (topic or temporary destinations) are deleted.
+
+        ``consumed``: ids of queue messages local consumers acked before the restart,
+        oldest first (``store.load_consumed()``); they are remembered first (the newest
+        ``dedup_window`` of them), so a copy re-forwarded or re-sent later is a duplicate."""
+        window = self.dedup_window
+        if window > 0:
+            ids = consumed if isinstance(consumed, list) else list(consumed)
+            if len(ids) > window:
+                ids = ids[-window:]
+            seen, order = self._consumed, self._consumed_order
+            seen.update(ids)
+            order.extend(ids)
+            while len(order) > window:
+                seen.discard(order.popleft())
         out: list[Action] = []
         touched: dict[_Dest, None] = {}
         for m in messages:
@@ -1115,8 +1136,9 @@ class Broker:
 
     # ------------------------------------------------------------------ acks
 
-    def _settle(self, m: Message, out: list) -> None:
-        """A consumer finished with ``m``: it leaves its destination for good."""
+    def _settle(self, m: Message, out: list, consumed: bool = False) -> None:
+        """A consumer finished with ``m``: it leaves its destination for good.
+        ``consumed``: a local consumer's ack (the store remembers the id, see restore)."""
         d = self._dests.get(m.dst)
         if d is None:
             return
@@ -1126,7 +1148,7 @@ class Broker:
             self._release(m.id)
             d.bytes -= _size(m)
             if m.persistent and d.stored:
-                out.append(DeleteMessage(m.id, d.name))
+                out.append(DeleteMessage(m.id, d.name, consumed))
             if d.blocked:
                 self._note_room(d)
 
@@ -1159,7 +1181,7 @@ class Broker:
             for m in msgs:
                 consumed.add(m.id)
                 order.append(m.id)
-                settle(m, out)
+                settle(m, out, True)   # DeleteMessage(consumed=True): stored with it
             while len(order) > self.dedup_window:
                 consumed.discard(order.popleft())
         else:

@@ -17,7 +17,10 @@ waiting — that is the *batch*.  It feeds each frame to the Site and performs t
 actions with the batching guarantee of ``core/actions.py``: all StoreMessage /
 DeleteMessage of the batch go to the store in ONE ``store.apply`` (in a worker thread:
 group commit), and only afterwards are the batch's Outs and Closes queued to writers, so
-a Receipt always means "committed".  While a commit runs, new input piles up in the
+a Receipt always means "committed".  The ids of ``DeleteMessage(consumed=True)`` (a
+local consumer's ack) ride in the same transaction (``apply(..., consumed=)``) and
+``restore`` hands ``store.load_consumed()`` back to the broker, so a copy re-forwarded
+after a restart is still a duplicate.  While a commit runs, new input piles up in the
 inbox and becomes the next, larger batch.  Timers (expiry) run in the same task at
 ``site.next_deadline()``.
 
@@ -284,11 +287,13 @@ class BrokerNode:
         """Put the store's messages back on their queues (call before ``serve``).
         Returns how many were loaded."""
         messages = self.store.load()
-        actions = self.site.broker.restore(messages, time.time())
+        consumed = self.store.load_consumed()
+        actions = self.site.broker.restore(messages, time.time(), consumed)
         deletes = [(a.msg_id, a.dst) for a in actions if type(a) is DeleteMessage]
         if deletes:
             self.store.apply([], deletes)
-        self.log.info("broker.restored", messages=len(messages), discarded=len(deletes))
+        self.log.info("broker.restored", messages=len(messages), discarded=len(deletes),
+                      consumed=len(consumed))
         return len(messages)
 
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -765,6 +770,7 @@ class BrokerNode:
         while actions:
             stores: list = []
             deletes: list = []
+            consumed: list = []
             deferred: list = []
             for a in actions:
                 kind = type(a)
@@ -774,6 +780,8 @@ class BrokerNode:
                     stores.append(a.msg)
                 elif kind is DeleteMessage:
                     deletes.append((a.msg_id, a.dst))
+                    if a.consumed:
+                        consumed.append(a.msg_id)
                 elif kind is Log:
                     self._log_event(a)
                 elif kind is Pause:
@@ -788,7 +796,7 @@ class BrokerNode:
                         c.resume = trio.Event()
             refused = None
             if stores or deletes:
-                refused = await self._commit(stores, deletes)
+                refused = await self._commit(stores, deletes, consumed)
             more: list = []
             if refused is not None:
                 deferred = self._take_back(refused, stores, deferred, now, more)
@@ -840,15 +848,15 @@ class BrokerNode:
             kept.append(a)
         return kept
 
-    async def _commit(self, stores: list, deletes: list) -> dict | None:
+    async def _commit(self, stores: list, deletes: list, consumed: list = ()) -> dict | None:
         """One transaction for the batch.  On failure the broker keeps running: the
         messages it could not store are refused (see ``_take_back``).  A full store
-        still commits the batch's deletes on their own — an acked message must not come
-        back after a restart — and refuses persistent input at the door until a later
-        commit succeeds (deletes make room)."""
+        still commits the batch's deletes (with their consumed ids) on their own — an
+        acked message must not come back after a restart — and refuses persistent input
+        at the door until a later commit succeeds (deletes make room)."""
         self.commits += 1
         try:
-            await self._apply(stores, deletes)
+            await self._apply(stores, deletes, consumed)
         except StoreError as exc:
             self.log.error("store.failed", code=exc.code, error=exc.message,
                            stores=len(stores), deletes=len(deletes))
@@ -859,7 +867,7 @@ class BrokerNode:
                 exc = _STORE_FULL
                 if deletes and stores:
                     try:
-                        await self._apply([], deletes)
+                        await self._apply([], deletes, consumed)
                     except StoreError as again:
                         self.log.error("store.failed", code=again.code,
                                        error=again.message, deletes=len(deletes))
@@ -869,11 +877,14 @@ class BrokerNode:
             self.log.info("store.space", deletes=len(deletes))
         return None
 
-    async def _apply(self, stores: list, deletes: list) -> None:
+    async def _apply(self, stores: list, deletes: list, consumed: list = ()) -> None:
+        # ``consumed`` only when there are some: a store written before it existed (a
+        # test double) keeps working for everything else.
+        args = (stores, deletes, (), consumed) if consumed else (stores, deletes)
         if self._threaded_store:
-            await trio.to_thread.run_sync(self.store.apply, stores, deletes)
+            await trio.to_thread.run_sync(self.store.apply, *args)
         else:
-            self.store.apply(stores, deletes)
+            self.store.apply(*args)
 
     def _log_event(self, a: Log) -> None:
         if self._event_sink is not None:

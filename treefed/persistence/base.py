@@ -9,6 +9,11 @@ atomic unit (group commit): either every insert, redelivery update and delete of
 is kept or none is.  Inside a batch the order is fixed — inserts, then redelivery counts,
 then deletes — so a message stored and acked within one batch ends up absent.
 
+The store also remembers the ids of queue messages a local consumer acknowledged
+(``apply(..., consumed=)``, committed with the batch's deletes), the newest
+``dedup_window`` of them; ``load_consumed`` hands them back after a restart so the broker
+still knows a late re-forwarded copy for a duplicate (core/broker.py, "Faults").
+
 Invariants both implementations keep, and the shared tests check:
 
 * inserting a (msg id, dst) that is already stored is ignored (the first copy, with its
@@ -48,9 +53,15 @@ class MessageStore(abc.ABC):
         stores: Sequence[Message],
         deletes: Sequence[tuple[str, str]],
         redelivered: Iterable[tuple[str, str, int]] = (),
+        consumed: Sequence[str] = (),
     ) -> None:
         """Insert ``stores``, set ``(msg_id, dst, count)`` redelivery counts, delete
-        ``(msg_id, dst)`` rows — all in one atomic transaction."""
+        ``(msg_id, dst)`` rows, remember the ``consumed`` ids (oldest first) — all in one
+        atomic transaction."""
+
+    @abc.abstractmethod
+    def load_consumed(self) -> list[str]:
+        """The newest ``dedup_window`` consumed ids, oldest first."""
 
     @abc.abstractmethod
     def stats(self) -> dict[str, Any]:

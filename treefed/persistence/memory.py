@@ -10,17 +10,21 @@ immutable apart from ``redelivered``, which is exactly the field snapshotted her
 returns shallow copies carrying that count, so later in-memory redeliveries do not leak
 into what a "restart" sees — the same answer SqliteStore gives.
 
+Consumed ids (``apply(..., consumed=)``) go into a deque bounded by ``dedup_window``, so
+the newest ones are kept exactly as SqliteStore keeps them.
+
 Nothing survives the process; ``apply`` cannot fail part-way, so it is trivially atomic.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from treefed.core.message import Message
-from treefed.errors import StoreError
+from treefed.errors import ConfigError, StoreError
 from treefed.persistence.base import MessageStore
 
 __all__ = ["MemoryStore"]
@@ -29,11 +33,17 @@ __all__ = ["MemoryStore"]
 class MemoryStore(MessageStore):
     """An in-process MessageStore with SqliteStore's semantics (see module docstring)."""
 
-    __slots__ = ("_rows", "_closed")
+    __slots__ = ("_rows", "_consumed", "_closed", "dedup_window")
 
-    def __init__(self) -> None:
+    def __init__(self, *, dedup_window: int = 100_000) -> None:
+        if dedup_window < 0:
+            raise ConfigError("dedup_window", f"must be >= 0, got {dedup_window}")
+        self.dedup_window = dedup_window
         # (msg id, dst) -> [message, redelivered count]; dict order is arrival order.
         self._rows: dict[tuple[str, str], list[Any]] = {}
+        # consumed ids, oldest first; made on first use (an empty deque is ~600 bytes and
+        # the replay engine keeps thousands of stores that never see one)
+        self._consumed: deque[str] | None = None
         self._closed = False
 
     def _check_open(self) -> dict[tuple[str, str], list[Any]]:
@@ -50,6 +60,7 @@ class MemoryStore(MessageStore):
         stores: Sequence[Message],
         deletes: Sequence[tuple[str, str]],
         redelivered: Iterable[tuple[str, str, int]] = (),
+        consumed: Sequence[str] = (),
     ) -> None:
         rows = self._check_open()
         for msg in stores:
@@ -62,6 +73,15 @@ class MemoryStore(MessageStore):
                 row[1] = count
         for msg_id, dst in deletes:
             rows.pop((msg_id, dst), None)
+        if consumed:
+            kept = self._consumed
+            if kept is None:
+                kept = self._consumed = deque(maxlen=self.dedup_window)
+            kept.extend(consumed)   # maxlen: the oldest fall out
+
+    def load_consumed(self) -> list[str]:
+        self._check_open()
+        return list(self._consumed) if self._consumed is not None else []
 
     def stats(self) -> dict[str, Any]:
         return {"rows": len(self._check_open()), "disk_bytes": 0}
@@ -69,6 +89,7 @@ class MemoryStore(MessageStore):
     def close(self) -> None:
         self._closed = True
         self._rows = {}
+        self._consumed = None
 
     def __repr__(self) -> str:
         return f"MemoryStore(rows={len(self._rows)}{', closed' if self._closed else ''})"

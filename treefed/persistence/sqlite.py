@@ -12,6 +12,13 @@ newest row is deleted); ``redelivered`` sits in its own column so a nack costs a
 one integer rather than a re-encode; ``blob`` is a CBOR array of every other Message field
 (see ``_encode``) — compact, and the codec the wire already uses.
 
+A second table, ``consumed(seq INTEGER PRIMARY KEY, id TEXT)``, remembers the ids of
+queue messages a local consumer acked (``apply(..., consumed=)``, in the same
+transaction as their deletes) so a restarted broker still drops a late re-forwarded copy
+(``load_consumed``).  Only the newest ``dedup_window`` ids matter: every few thousand
+inserts one range DELETE on ``seq`` trims the rest.  It is created IF NOT EXISTS, so a
+data dir written before it existed opens (schema version stays 1) and gains it.
+
 Durability: each ``apply`` is one explicit transaction (BEGIN ... COMMIT, executemany per
 kind) so a whole batch pays for one commit.  The journal is WAL.  With
 ``synchronous="FULL"`` (default) the WAL is fsynced at every commit: a confirmed message
@@ -45,7 +52,7 @@ from treefed.core.message import Message
 from treefed.errors import ConfigError, StoreError
 from treefed.persistence.base import MessageStore
 
-__all__ = ["SqliteStore", "DB_NAME"]
+__all__ = ["SqliteStore", "DB_NAME", "PRUNE_EVERY"]
 
 DB_NAME = "messages.db"
 
@@ -67,6 +74,18 @@ _INSERT = "INSERT OR IGNORE INTO messages (id, dst, redelivered, blob) VALUES (?
 _UPDATE = "UPDATE messages SET redelivered = ? WHERE id = ? AND dst = ?"
 _DELETE = "DELETE FROM messages WHERE id = ? AND dst = ?"
 _SELECT = "SELECT id, dst, redelivered, blob FROM messages ORDER BY seq"
+# Consumed ids (duplicate detection across restarts).  ``seq`` is the rowid: the newest
+# row is never deleted, so max(seq) - window keeps exactly the newest ``window`` ids.
+_CONSUMED_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS consumed (seq INTEGER PRIMARY KEY, id TEXT NOT NULL)"
+)
+_REMEMBER = "INSERT INTO consumed (id) VALUES (?)"
+_PRUNE = "DELETE FROM consumed WHERE seq <= (SELECT max(seq) FROM consumed) - ?"
+_SELECT_CONSUMED = (
+    "SELECT id FROM (SELECT seq, id FROM consumed ORDER BY seq DESC LIMIT ?) ORDER BY seq"
+)
+#: Consumed ids inserted between two prunes (at most; less for a smaller window).
+PRUNE_EVERY = 4096
 
 # Primary result codes (the low byte of an extended code) and what they mean for the broker.
 _CODES = {
@@ -113,20 +132,32 @@ class SqliteStore(MessageStore):
     ``synchronous``: "FULL" (durable against power loss) or "NORMAL" (against process
     crash only).  ``max_bytes``: cap on the database size (0 = the disk is the limit);
     reaching it raises StoreError(code="store_full") exactly as a full disk does.
+    ``dedup_window``: how many consumed ids ``load_consumed`` returns (the Broker's
+    window; 0 = none are kept).
     """
 
-    __slots__ = ("data_dir", "path", "synchronous", "journal_mode", "_db")
+    __slots__ = ("data_dir", "path", "synchronous", "journal_mode", "dedup_window",
+                 "_prune_every", "_since_prune", "_db")
 
     def __init__(
-        self, data_dir: str | os.PathLike[str], *, synchronous: str = "FULL", max_bytes: int = 0
+        self, data_dir: str | os.PathLike[str], *, synchronous: str = "FULL", max_bytes: int = 0,
+        dedup_window: int = 100_000,
     ) -> None:
         if synchronous not in _SYNCHRONOUS:
             raise ConfigError("synchronous", f"must be one of {_SYNCHRONOUS}, got {synchronous!r}")
         if max_bytes < 0:
             raise ConfigError("max_bytes", f"must be >= 0, got {max_bytes}")
+        if dedup_window < 0:
+            raise ConfigError("dedup_window", f"must be >= 0, got {dedup_window}")
         self.data_dir = Path(data_dir)
         self.path = self.data_dir / DB_NAME
         self.synchronous = synchronous
+        self.dedup_window = dedup_window
+        # Prune at most every PRUNE_EVERY inserts (a small window: every ``window``), so
+        # the table holds fewer than window + PRUNE_EVERY rows.  What an earlier run left
+        # is unknown: the first insert after opening prunes.
+        self._prune_every = max(1, min(PRUNE_EVERY, dedup_window))
+        self._since_prune = self._prune_every
         self._db: sqlite3.Connection | None = None
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -164,6 +195,8 @@ class SqliteStore(MessageStore):
                     f"reads version {_SCHEMA_VERSION}",
                     code="store_version",
                 )
+            # Added after version 1 shipped: older data dirs gain it (a no-op otherwise).
+            db.execute(_CONSUMED_SCHEMA)
             return
         if app_id != 0 or db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
             raise StoreError(
@@ -173,6 +206,7 @@ class SqliteStore(MessageStore):
             )
         db.execute("BEGIN IMMEDIATE")
         db.execute(_SCHEMA)
+        db.execute(_CONSUMED_SCHEMA)
         db.execute(f"PRAGMA application_id={_APPLICATION_ID}")
         db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
         db.execute("COMMIT")
@@ -210,15 +244,29 @@ class SqliteStore(MessageStore):
             )
         return out
 
+    def load_consumed(self) -> list[str]:
+        """The newest ``dedup_window`` consumed ids, oldest first."""
+        db = self._conn()
+        if not self.dedup_window:
+            return []
+        try:
+            return [row[0] for row in db.execute(_SELECT_CONSUMED, (self.dedup_window,))]
+        except sqlite3.Error as exc:
+            raise _store_error(exc, self.path, "load consumed ids") from exc
+
     def apply(
         self,
         stores: Sequence[Message],
         deletes: Sequence[tuple[str, str]],
         redelivered: Iterable[tuple[str, str, int]] = (),
+        consumed: Sequence[str] = (),
     ) -> None:
         db = self._conn()
-        if not stores and not deletes and not redelivered:
+        if consumed and not self.dedup_window:
+            consumed = ()
+        if not stores and not deletes and not redelivered and not consumed:
             return
+        prune = False
         try:
             db.execute("BEGIN")
             if stores:
@@ -227,6 +275,11 @@ class SqliteStore(MessageStore):
                 db.executemany(_UPDATE, [(count, i, d) for i, d, count in redelivered])
             if deletes:
                 db.executemany(_DELETE, deletes)
+            if consumed:
+                db.executemany(_REMEMBER, [(i,) for i in consumed])
+                prune = self._since_prune + len(consumed) >= self._prune_every
+                if prune:
+                    db.execute(_PRUNE, (self.dedup_window,))
             db.execute("COMMIT")
         except (sqlite3.Error, cbor2.CBOREncodeError) as exc:
             # SQLite may already have rolled back (e.g. on SQLITE_FULL); finish the job so
@@ -242,6 +295,8 @@ class SqliteStore(MessageStore):
                     code="store_encode",
                 ) from exc
             raise _store_error(exc, self.path, "apply") from exc
+        if consumed:
+            self._since_prune = 0 if prune else self._since_prune + len(consumed)
 
     def stats(self) -> dict[str, Any]:
         db = self._conn()

@@ -280,8 +280,8 @@ class LiveEngine:
 
         node = BrokerNode(self._config(site), store=site.store, rng=site.rng,
                           event_sink=sink, open_stream=dial)
-        if site.store.stats()["rows"]:
-            node.restore()
+        if site.store.stats()["rows"] or site.store.load_consumed():
+            node.restore()   # messages, and the ids its consumers already took
         site.stopped = trio.Event()
         try:
             with trio.CancelScope() as scope:

@@ -296,7 +296,8 @@ class ReplayEngine:
             elif kind is StoreMessage:
                 node.store.apply((a.msg,), ())
             elif kind is DeleteMessage:
-                node.store.apply((), ((a.msg_id, a.dst),))
+                node.store.apply((), ((a.msg_id, a.dst),), (),
+                                 (a.msg_id,) if a.consumed else ())
             elif kind is Close:
                 end = ends.get(a.conn)
                 if end is not None:
@@ -343,8 +344,9 @@ class ReplayEngine:
             self.rec.emit(now, node.id, "broker.info", broker_info(self.mode, spec))
         self._act(node, node.site.client_connected(APP_CONN, now))
         stored = node.store.load()
-        if stored:
-            self._act(node, node.site.broker.restore(stored, now))
+        consumed = node.store.load_consumed()   # ids its consumers took before a restart
+        if stored or consumed:
+            self._act(node, node.site.broker.restore(stored, now, consumed))
         for c in self.consumers.get(node.id, {}).values():
             self._subscribe(node, c)
         if spec.parent is not None:
