@@ -179,6 +179,33 @@ class TestReadEvents:
         assert sorted(r.event for r in valid) == ["consumer.added", "message.produced"]
         assert {r.run for r in valid} == {"run-a"}
 
+    def test_parts_are_read_with_the_first_file(self, spark, tmp_path):
+        """A run written in parts (events.jsonl.gz, events.part-0001.jsonl.gz...) is one
+        run: every part's lines, attributed to the directory."""
+        run = tmp_path / "run-p"
+        run.mkdir()
+        for i, name in enumerate(["events.jsonl.gz", "events.part-0001.jsonl.gz",
+                                  "events.part-0002.jsonl.gz"]):
+            line = json.dumps(ev(i, "hq", "message.produced", msg=f"m{i}", dst="queue://A"))
+            (run / name).write_bytes(gzip.compress((line + "\n").encode()))
+        raw = job.read_events(spark, [str(run)])
+        assertDataFrameEqual(job.line_counts(raw), [Row(run="run-p", lines=3, bad_lines=0)])
+
+    def test_a_big_local_log_is_cached_on_disk(self, tmp_path, monkeypatch):
+        """The parsed log stays in memory (spilling) unless the local logs are big; a
+        remote (URI) input keeps the memory level -- its executors have their own."""
+        from pyspark import StorageLevel
+
+        run = tmp_path / "run-big"
+        run.mkdir()
+        (run / "events.jsonl.gz").write_bytes(gzip.compress(b"{}\n" * 1000))
+        assert job.log_bytes([str(run)]) == (run / "events.jsonl.gz").stat().st_size
+        assert job.cache_level([str(run)]) == StorageLevel.MEMORY_AND_DISK
+        monkeypatch.setattr(job, "DISK_CACHE_BYTES", 10)
+        assert job.cache_level([str(run)]) == StorageLevel.DISK_ONLY
+        assert job.log_bytes(["hdfs:///runs/x"]) is None
+        assert job.cache_level(["hdfs:///runs/x"]) == StorageLevel.MEMORY_AND_DISK
+
     def test_directory_without_log_is_refused(self, tmp_path):
         """A run directory with no events file raises FileNotFoundError naming it."""
         with pytest.raises(FileNotFoundError, match="empty-run"):
