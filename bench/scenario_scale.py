@@ -18,7 +18,8 @@ Three measurements, each in its own interpreter (so each peak RSS is its own):
 
 Prints ONE JSON line: {"bench": "scenario_scale", "tree_memory": {...},
 "mesh_replay": {...}, "replay_advisory_events_per_s": ..., "log_only_lines_per_s": ...,
-"vs_log_only": ...}.
+"vs_log_only": ...}.  With ``--repeat R`` the mesh replay runs R times and the median run
+is reported (each run listed under ``mesh_replay.runs``).
 """
 
 from __future__ import annotations
@@ -106,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tree-stores", type=int, default=1000, help="stores per region, tree")
     p.add_argument("--mesh-stores", type=int, default=1000, help="stores per region, mesh")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="mesh replay runs (each in a fresh interpreter); the rate "
+                        "reported is their median, every run is listed")
     p.add_argument("--child", nargs=2, metavar=("CASE", "N"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -118,9 +122,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
     tree = in_child("tree_memory", args.tree_stores)
-    mesh = in_child("mesh_replay", args.mesh_stores)
+    meshes = [in_child("mesh_replay", args.mesh_stores) for _ in range(max(1, args.repeat))]
     log_only = in_child("log_only", 1_000_000)
+    # the median run (a shared machine's neighbours come and go between runs)
+    mesh = sorted(meshes, key=lambda m: m["advisory_events_per_s"])[len(meshes) // 2]
     rate = mesh["advisory_events_per_s"]
+    if len(meshes) > 1:
+        mesh = {**mesh, "runs": [{k: m[k] for k in ("wall_s", "advisory_events_per_s",
+                                                    "cpu_s", "peak_rss_mb")}
+                                 for m in meshes]}
     print(json.dumps({
         "bench": "scenario_scale", "tree_memory": tree, "mesh_replay": mesh,
         "replay_advisory_events_per_s": rate, "log_only_lines_per_s": log_only["lines_per_s"],
