@@ -18,8 +18,9 @@ structlog's own message key, so nothing needs renaming) and ``v`` (SCHEMA_VERSIO
   and one ``"key":value`` fragment per distinct (field, value) pair, JSON-escaped once by
   the stdlib encoder (ids repeat millions of times; escaping each time was most of the
   cost).  ``SharedFields`` (the same fields logged by every receiver of one fan-out)
-  are rendered once and found again by identity.  Lines go out in chunks of many; a path is written by a helper thread, gzip at
-  level 1 when it ends in ``.gz`` (zlib drops the GIL, so compression overlaps the run).
+  are rendered once and found again by identity.  Lines go out in chunks of many; a
+  path is written by a helper thread, gzip at level 1 when it ends in ``.gz`` (zlib
+  drops the GIL, so compression overlaps the run), in parts when ``part_lines`` is set.
 
 Nothing here is imported by the pure packages; they return ``Log`` actions and the shell
 hands them to one of these.
@@ -163,8 +164,8 @@ class EventWriter:
     """
 
     __slots__ = ("_file", "_owned", "_gzip", "_text", "_buf", "_limit", "_heads", "_run",
-                 "_frag", "_shared", "_written", "_queue", "_thread", "_error", "_ts", "_ts_text",
-                 "_paths", "_part_lines", "_part_start", "_opener")
+                 "_frag", "_shared", "_written", "_queue", "_thread", "_error", "_ts",
+                 "_ts_text", "_paths", "_part_lines", "_part_start", "_opener")
 
     def __init__(self, path_or_file: str | os.PathLike | IO, *, run: str | None = None,
                  compress: bool | None = None, buffer_lines: int = 8192,
@@ -271,10 +272,8 @@ class EventWriter:
             if fields:
                 if type(fields) is SharedFields:
                     hit = shared.get(id(fields))
-                    if hit is not None and hit[0] is fields:
-                        append(f"{ts_text}{head},{hit[1]}}}\n")
-                        continue
-                    body = self._shared_body(fields)
+                    body = hit[1] if hit is not None and hit[0] is fields \
+                        else self._shared_body(fields)
                 else:
                     try:
                         body = ",".join(map(frag, fields.items()))

@@ -300,14 +300,8 @@ class Bridge:
     def receive(self, adv: Advisory, out: list, now: float) -> None:
         site = self.site
         site.counters["advisories_received"] += 1
-        if site.log:   # _received_fields' hit inlined: a fan-out's receivers share it
-            hit = _RECEIVED_LOGS.get(id(adv))
-            if hit is not None and hit[0] is adv and hit[1] == self.name \
-                    and hit[2] == self.peer:
-                out.append(Log("advisory.received", hit[3]))
-            else:
-                out.append(Log("advisory.received",
-                               _received_fields(adv, self.name, self.peer)))
+        if site.log:   # a fan-out's receivers share these fields
+            out.append(Log("advisory.received", _received_fields(adv, self.name, self.peer)))
         # _malformed inlined up to its per-frame cache (a fan-out's frame is checked once)
         if not self.accepts or (_CHECKED.get(id(adv)) is not adv and _malformed(adv)):
             # a one-way link's accepting side takes no interest: the peer broke the rules

@@ -11,8 +11,8 @@ The thin edge between treefed and the operating system's sockets:
   closed afterwards, and a peer that vanishes or misbehaves ends only its own connection.
 * ``connect_with_retry`` walks a ``Failover``/``Static`` list pass by pass, sleeping the
   ``Backoff`` delay before each pass, and gives up with ``RemoteError("unreachable")``.
-* ``memory_stream_pair`` (trio.testing's, imported on first use) links two in-process brokers
-  with no sockets at all; the memory scenario engine uses it.
+* ``memory_stream_pair`` (trio.testing's, imported on first use) links two in-process
+  brokers with no sockets at all; the memory scenario engine uses it.
 
 OSError is translated here, once: a failed dial is ``RemoteError(code="unreachable")``,
 a failed TLS handshake ``RemoteError(code="tls_failed")``, a failed bind

@@ -35,9 +35,9 @@ tables for every frame (at 4 x 1,000 stores this alone took the run from 150 s t
 the interleaving of different sites within one instant changes, which no site can
 observe.  Site timers (expiry, rested-message replays) sit in one heap of
 ``(deadline, site)``, re-armed after every entry point into a site and fired in time
-order with the frames (one due now goes before the rest of its instant's frames).  The run ends
-``QUIET_S`` virtual seconds after the last step; frames still queued then are counted,
-not delivered (a routing loop cannot hang it).
+order with the frames (one due now goes before the rest of its instant's frames).  The
+run ends ``QUIET_S`` virtual seconds after the last step; frames still queued then are
+counted, not delivered (a routing loop cannot hang it).
 
 Garbage collection: a mesh estate is millions of long-lived objects (interest, demand,
 consumers), and a generational collection that walks them costs several times the
