@@ -35,11 +35,17 @@ _DELEGATED = {
     "scenario": "treefed.scenario.cli:main",
     "report": "treefed.analysis.job:main",
     "compare": "treefed.scenario.compare:main",
+    "estate": "treefed.estate.cli:estate_main",
+    "import": "treefed.estate.cli:import_main",
+    "forecast": "treefed.estate.cli:forecast_main",
 }
 _DELEGATED_HELP = {
     "scenario": "run store-scale scenarios (tree and TTL modes)",
     "report": "Spark job over run logs: tables, plots, HTML",
     "compare": "run scenarios and report them: the main job",
+    "estate": "estate generate ESTATE.toml --out DIR: one broker config per site",
+    "import": "import activemq FILE.xml... --out DIR: ActiveMQ configs -> treefed",
+    "forecast": "an estate as configured and as a tree: demand, spillage, stranding",
 }
 
 
