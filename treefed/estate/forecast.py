@@ -337,12 +337,20 @@ def _run(e: Estate, workload: Workload, tier: dict[str, tuple[str, int]]) -> dic
     deliveries = {f"{c.broker}/{c.name}": len(e.delivered(c.broker, conns[(c.broker, c.name)],
                                                            c.name))
                   for c in workload.consumers}
-    held = {}
-    dsts = sorted({d for _, d in produced.values()})
+    dsts = {d for _, d in produced.values()}
+    depth: dict[str, dict[str, int]] = {}     # broker -> dst -> messages waiting there
     for b in sorted(e.sites):
-        n = sum(e.held(b, d) for d in dsts)
-        if n:
-            held[b] = n
+        # one statistics() per broker: it walks every destination of the broker
+        found = e.sites[b].broker.statistics().get("destinations", {})
+        mine = {d: int(info.get("depth", 0)) for d, info in found.items()
+                if d in dsts and info.get("depth")}
+        if mine:
+            depth[b] = mine
+    held = {b: sum(v.values()) for b, v in depth.items()}
+    waiting: dict[str, list[str]] = defaultdict(list)
+    for b, v in depth.items():
+        for d in v:
+            waiting[d].append(b)
     stranded: dict[tuple[str, str], dict[str, Any]] = {}
     for mid, (src, dst) in produced.items():
         if mid in delivered:
@@ -352,7 +360,7 @@ def _run(e: Estate, workload: Workload, tier: dict[str, tuple[str, int]]) -> dic
         if "example" not in route:
             path = forwards.get(mid, [])
             hops = [src] + [b for b in path if b != src]
-            waits = [b for b in sorted(e.sites) if e.held(b, dst)]
+            waits = waiting.get(dst, [])
             end = next((b for b in reversed(hops) if b in waits), None)
             route["example"] = {"msg": mid, "path": hops,
                                 "waits_at": end or (waits[0] if waits else None)}
