@@ -72,13 +72,13 @@ class TestGenerate:
         """Private keys are 0600, the CA key lives in secrets/ (0700), a .gitignore keeps
         both out of a repository."""
         generate(parse_description(description()), tmp_path)
-        keys = list((tmp_path / "certs").glob("*.key"))
-        assert len(keys) == 9
+        keys = list((tmp_path / "certs").rglob("*.key"))
+        assert len(keys) == 10          # 9 sites and the user ops
         assert all(os.stat(k).st_mode & 0o777 == 0o600 for k in keys)
         assert os.stat(tmp_path / "secrets" / "ca.key").st_mode & 0o777 == 0o600
         assert os.stat(tmp_path / "secrets").st_mode & 0o777 == 0o700
         ignored = (tmp_path / ".gitignore").read_text().split()
-        assert "certs/*.key" in ignored and "secrets/" in ignored
+        assert "certs/*.key" in ignored and "certs/users/*.key" in ignored and "secrets/" in ignored
 
     def test_generated_passwords(self, tmp_path):
         """A user without a hash gets a random password (secrets/, 0600) whose hash is in
@@ -115,7 +115,7 @@ class TestGenerate:
         before = files(tmp_path)
         assert generate(desc, tmp_path)["new_keys"] == 0
         assert files(tmp_path) == before
-        assert generate(desc, tmp_path, rotate=True)["new_keys"] == 10
+        assert generate(desc, tmp_path, rotate=True)["new_keys"] == 11
         after = files(tmp_path)
         assert after["certs/hq.key"] != before["certs/hq.key"]
         assert after["hq.toml"] == before["hq.toml"]

@@ -14,7 +14,9 @@ must be unique.
 TOML text with relative paths, so the same description gives byte-identical configs --
 plus ``users.toml`` (every user's scrypt hash) and, with ``[tls]``, a CA and one
 certificate per site (ECDSA P-256 from the ``cryptography`` library; CN and DNS name the
-site id, the host as DNS name or IP; server and client use, so links are mutual TLS).
+site id, the host as DNS name or IP; server and client use, so links are mutual TLS) and
+one client certificate per user (``certs/users/<name>.pem``, CN = the user: applications
+reaching a listener that requires certificates authenticate with it).
 
 Secrets never change behind the user's back: an existing CA, site key and certificate,
 and generated password are kept on a re-run (so the run is idempotent) unless
@@ -389,7 +391,7 @@ def generate(desc: Description, out: str | Path, *, rotate: bool = False) -> dic
     os.chmod(out / "secrets", 0o700)
     gitignore = out / ".gitignore"
     gitignore.write_text("# private keys and generated passwords never go into a "
-                         "repository\ncerts/*.key\nsecrets/\n")
+                         "repository\ncerts/*.key\ncerts/users/*.key\nsecrets/\n")
     hashes = _users(desc, out, rotate)
     new_keys = _certificates(desc, out, rotate) if desc.tls["enabled"] else 0
     by_id = {s.id: s for s in desc.sites}
@@ -485,19 +487,26 @@ def _certificates(desc: Description, out: Path, rotate: bool) -> int:
     issuer = ca_cert.subject
     usage = x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
                                    ExtendedKeyUsageOID.CLIENT_AUTH])
-    for site in desc.sites:
-        cert_path, key_path = certs / f"{site.id}.pem", certs / f"{site.id}.key"
+    # one certificate per site (server and client: links are mutual TLS), and one per
+    # user, for applications connecting to a listener that requires a certificate
+    subjects = [(site.id, site.host, certs) for site in desc.sites]
+    if desc.users:
+        (certs / "users").mkdir(exist_ok=True)
+        subjects += [(u["name"], None, certs / "users") for u in desc.users]
+    for cn, host, folder in subjects:
+        cert_path, key_path = folder / f"{cn}.pem", folder / f"{cn}.key"
         if not rotate and not fresh_ca and cert_path.exists() and key_path.exists():
             continue
         key = ec.generate_private_key(ec.SECP256R1())
-        alt: list[x509.GeneralName] = [x509.DNSName(site.id)]
-        try:
-            alt.append(x509.IPAddress(ipaddress.ip_address(site.host)))
-        except ValueError:
-            if site.host != site.id:
-                alt.append(x509.DNSName(site.host))
+        alt: list[x509.GeneralName] = [x509.DNSName(cn)]
+        if host is not None:
+            try:
+                alt.append(x509.IPAddress(ipaddress.ip_address(host)))
+            except ValueError:
+                if host != cn:
+                    alt.append(x509.DNSName(host))
         cert = (x509.CertificateBuilder()
-                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, site.id)]))
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
                 .issuer_name(issuer).public_key(key.public_key())
                 .serial_number(x509.random_serial_number())
                 .not_valid_before(now - datetime.timedelta(minutes=5))
