@@ -271,7 +271,8 @@ def _broker(elem: Element, ctx: _Ctx) -> ImportedBroker:
         if name in ("brokerName",) or _local(name)[0]:
             continue
         reason = {"brokerId": "treefed identifies a broker by its id (brokerName)",
-                  "dataDirectory": f"treefed keeps its own message store in data/{bid}",
+                  "dataDirectory": "treefed keeps its own message store in data/<id> next to "
+                                   "the config",
                   "persistent": "treefed persists per message (the producer's persistent "
                                 "flag), not per broker",
                   }.get(name, "no treefed equivalent")
@@ -552,10 +553,17 @@ def _markdown(result: ImportResult) -> str:
                   "| broker | connector | address | reason |", "|---|---|---|---|"]
         lines += [f"| {u.dial.broker} | {u.dial.connector} | {u.dial.address} | {u.reason} |"
                   for u in result.unresolved]
-    lines += ["", "## Not mapped", "", "| file:line | broker | what | value | reason |",
-              "|---|---|---|---|---|"]
+    # the same attribute left out of a thousand store files is one row, with a count
+    # and the first place it occurs; import.json lists every occurrence
+    groups: dict[tuple[str, str, str], list[Unmapped]] = {}
     for u in result.unmapped:
-        value = u.value.replace("|", "\\|")
-        lines.append(f"| {u.file}:{u.line or '?'} | {u.broker} | {u.what} | {value} | "
-                     f"{u.reason} |")
+        what = re.sub(r"^networkConnector\[[^\]]*\]", "networkConnector[*]", u.what)
+        groups.setdefault((what, u.value, u.reason), []).append(u)
+    lines += ["", "## Not mapped", "",
+              "| what | value | reason | brokers | first at |", "|---|---|---|---|---|"]
+    for (what, value, reason), items in groups.items():
+        first = items[0]
+        value = value.replace("|", "\\|")
+        lines.append(f"| {what} | {value} | {reason} | {len(items)} | "
+                     f"{first.file}:{first.line or '?'} ({first.broker}) |")
     return "\n".join(lines) + "\n"
