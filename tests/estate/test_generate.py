@@ -15,7 +15,7 @@ from tests.estate.test_activemq import cli
 from treefed.config import load_config
 from treefed.errors import ConfigError
 from treefed.estate.forecast import forecast, load_estate
-from treefed.estate.generate import generate, load_description, parse_description
+from treefed.estate.generate import generate, parse_description
 from treefed.security.passwords import parse_password_hash, verify_password
 
 REPO = Path(__file__).resolve().parents[2]

@@ -41,10 +41,10 @@ from treefed.config import (
     BrokerConfig, TreeConnectorConfig, _check_table, _int, _string, dump_config,
     load_config,
 )
-from treefed.errors import ConfigError
+from treefed.errors import ConfigError, TreefedError
 from treefed.estate.topology import (
     WILDCARD_HOSTS, Address, Dial, Link, NotATree, Tree, Unresolved, infer_tree,
-    resolve_links,
+    resolve_links, spanning_tree,
 )
 from treefed.federation.settings import LinkSettings, TreeSettings
 from treefed.federation.testing import Estate
@@ -110,7 +110,7 @@ def _is_broker_file(path: Path) -> bool:
         return "broker" in tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
         return True   # let load_config report it
-    
+
 
 def _addr(uri: str) -> Address:
     e = parse_uri(uri, listen=True).endpoints[0]
@@ -148,13 +148,7 @@ def tiers(brokers: Iterable[str], links: Iterable[Link], tree: Tree | None,
     """broker -> (role, depth): from the tree, or a spanning tree when there is none."""
     brokers = sorted(brokers)
     if tree is None:
-        from treefed.estate.topology import _bfs, _choose_root, _components, _neighbours
-
-        adj = _neighbours(brokers, links)
-        start = root if root in adj else _choose_root(brokers, list(links), adj,
-                                                      _components(adj)[0])
-        parent, order, _ = _bfs(adj, start)
-        tree = Tree(start, parent, tuple(order))
+        tree = spanning_tree(brokers, links, root=root)
     out = {}
     for b in brokers:
         if b not in tree.parent:
@@ -189,9 +183,17 @@ def default_workload(tier: dict[str, tuple[str, int]]) -> Workload:
 
 _CONSUMER = {"broker": (_string, None), "dst": (_string, None), "name": (_string, ""),
              "selector": (_string, ""), "count": (_int(1), 1)}
+
+
+def _headers(value: Any, key: str) -> dict:
+    if not isinstance(value, dict) or not all(
+            isinstance(v, (str, int, float, bool)) for v in value.values()):
+        raise ConfigError(key, "must be a table of header = string, number or boolean")
+    return value
+
+
 _SEND = {"broker": (_string, None), "dst": (_string, None), "count": (_int(1), 1),
-         "headers": (lambda v, k: v if isinstance(v, dict) else
-                     (_ for _ in ()).throw(ConfigError(k, "must be a table")), {})}
+         "headers": (_headers, {})}
 
 
 def load_workload(path: str | Path, brokers: Iterable[str]) -> Workload:
@@ -217,8 +219,8 @@ def load_workload(path: str | Path, brokers: Iterable[str]) -> Workload:
                 raise ConfigError(f"{k}.broker", f"no broker {v['broker']!r} in the estate")
             try:
                 dst = str(parse_destination(v["dst"], allow_wildcards=section == "consumer"))
-            except Exception as exc:  # DestinationError
-                raise ConfigError(f"{k}.dst", str(exc)) from None
+            except TreefedError as exc:
+                raise ConfigError(f"{k}.dst", exc.message) from None
             if section == "consumer":
                 for n in range(v["count"]):
                     name = v["name"] or f"c{i}"

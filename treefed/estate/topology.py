@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 __all__ = ["Address", "Dial", "Link", "Unresolved", "Tree", "NotATree", "resolve_links",
-           "infer_tree", "WILDCARD_HOSTS"]
+           "infer_tree", "spanning_tree", "WILDCARD_HOSTS"]
 
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "localhost", "127.0.0.1", "::1", "*", ""})
 
@@ -252,3 +252,16 @@ def _choose_root(brokers: list[str], links: list[Link], adj: dict[str, set[str]]
         if best_ecc is None or ecc < best_ecc:
             best, best_ecc = b, ecc
     return best
+
+
+def spanning_tree(brokers: Iterable[str], links: Iterable[Link], *,
+                  root: str | None = None) -> Tree:
+    """A breadth-first spanning tree from ``root`` (chosen as ``infer_tree`` chooses it):
+    the tiers of an estate that is not a tree.  Brokers it cannot reach are left out."""
+    brokers = sorted(set(brokers))
+    links = list(links)
+    adj = _neighbours(brokers, links)
+    if root not in adj:
+        root = _choose_root(brokers, links, adj, _components(adj)[0])
+    parent, order, _ = _bfs(adj, root)
+    return Tree(root, parent, tuple(order))
