@@ -127,6 +127,12 @@ class Tree:
     root: str
     parent: dict[str, str | None]      # broker -> parent (None for the root)
     order: tuple[str, ...]             # breadth first, parents before children
+    has_children: frozenset[str] = frozenset()   # filled in by __post_init__
+
+    def __post_init__(self) -> None:
+        # role() is asked for every broker: a set, not a scan of the tree per question
+        object.__setattr__(self, "has_children",
+                           frozenset(p for p in self.parent.values() if p is not None))
 
     def children(self, broker: str) -> list[str]:
         return [b for b in self.order if self.parent[b] == broker]
@@ -141,7 +147,7 @@ class Tree:
         """``root`` | ``branch`` | ``leaf`` (the tree connector's node types)."""
         if self.parent[broker] is None:
             return "root"
-        return "branch" if any(self.parent[b] == broker for b in self.order) else "leaf"
+        return "branch" if broker in self.has_children else "leaf"
 
 
 def _neighbours(brokers: Iterable[str], links: Iterable[Link]) -> dict[str, set[str]]:
