@@ -61,8 +61,9 @@ class TestGuideExamples:
 
     def test_two_way_duplex_and_three_connectors(self, tmp_path):
         """Examples 2.2-2.4: B -> A back, a duplex A -> B, three named A -> B connectors."""
-        conns = "".join(f"""<networkConnector name="link0{i}ToBrokerB" duplex="{str(i == 1).lower()}"
-uri="static:(tcp://localhost:61002)" networkTTL="3"/>""" for i in (1, 2, 3))
+        conns = "".join(f"""<networkConnector name="link0{i}ToBrokerB"
+duplex="{str(i == 1).lower()}" uri="static:(tcp://localhost:61002)" networkTTL="3"/>"""
+                        for i in (1, 2, 3))
         a = write(tmp_path, "a.xml", guide_broker("brokerA", 61001, conns))
         b = write(tmp_path, "b.xml", guide_broker("brokerB", 61002, """
 <networkConnector name="linkToBrokerA" uri="static:(tcp://localhost:61001)" networkTTL="3"/>"""))

@@ -98,9 +98,9 @@ def resolve_links(listeners: dict[str, Iterable[Address]],
             if not everyone:
                 reason = f"no imported broker listens on port {port}"
             else:
-                reason = (f"{len(everyone)} brokers listen on port {port} "
-                          f"({', '.join(sorted(everyone)[:4])}{', ...' if len(everyone) > 4 else ''})"
-                          f" and none is named {label!r} or listens on {d.address.host}")
+                shown = ", ".join(sorted(everyone)[:4]) + (", ..." if len(everyone) > 4 else "")
+                reason = (f"{len(everyone)} brokers listen on port {port} ({shown}) and "
+                          f"none is named {label!r} or listens on {d.address.host}")
             unresolved.append(Unresolved(d, reason))
             continue
         (acceptor,) = found
