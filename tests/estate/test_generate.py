@@ -16,6 +16,7 @@ from treefed.config import load_config
 from treefed.errors import ConfigError
 from treefed.estate.forecast import forecast, load_estate
 from treefed.estate.generate import generate, parse_description
+from treefed.estate.start import start_estate
 from treefed.security.passwords import parse_password_hash, verify_password
 
 REPO = Path(__file__).resolve().parents[2]
@@ -218,35 +219,52 @@ class TestTlsEstateStarts:
             f'uri = "ssl://127.0.0.1:{rogue}"', f'uri = "ssl://127.0.0.1:{region}"').replace(
             'ca = "certs/ca.pem"', f'ca = "{tmp_path / "estate" / "certs" / "ca.pem"}"'))
         # (it trusts our CA, so only the region's check of its certificate can stop it)
-        logs = {n: tmp_path / f"{n}.log" for n in ("hq", "region-1", "store-1", "store-9")}
-        procs = []
+        running = start_estate(tmp_path / "estate")
+        rogue_log = tmp_path / "store-9.log"
+        procs = [_start(rogue_cfg, rogue_log)]
         try:
-            for n in ("hq", "region-1", "store-1"):
-                procs.append(_start(tmp_path / "estate" / f"{n}.toml", logs[n]))
-            procs.append(_start(rogue_cfg, logs["store-9"]))
-
-            def up(name: str, peer: str) -> bool:
-                text = logs[name].read_text()
-                return any('"link.up"' in line and f'"peer":"{peer}"' in line
-                           for line in text.splitlines())
-
-            assert _wait_for(lambda: up("region-1", "hq") and up("region-1", "store-1")
-                             and up("store-1", "region-1")), \
-                "\n".join(p.read_text()[-2000:] for p in logs.values())
-            region_log = logs["region-1"].read_text()
-            assert '"method":"certificate"' in region_log and '"user":"store-1"' in region_log
+            assert sorted(running.procs) == ["hq", "region-1", "store-1"]
+            assert running.wait_linked(60) == [], \
+                "\n".join(running.log(s).read_text()[-1500:] for s in running.procs)
+            up = running.links_up()
+            assert {("region-1", "hq"), ("region-1", "store-1"), ("store-1", "region-1"),
+                    ("hq", "region-1")} <= up
+            region_log = running.log("region-1")
+            text = region_log.read_text()
+            assert '"method":"certificate"' in text and '"user":"store-1"' in text
 
             def refused() -> bool:
                 return any('"tls.handshake_failed"' in line and "certificate" in line
-                           for line in logs["region-1"].read_text().splitlines())
+                           for line in region_log.read_text().splitlines())
 
-            assert _wait_for(refused), logs["region-1"].read_text()[-2000:]
-            assert not up("region-1", "store-9")
+            assert _wait_for(refused), region_log.read_text()[-2000:]
+            assert ("region-1", "store-9") not in running.links_up()
         finally:
+            running.stop()
             for p in procs:
                 p.terminate()
-            for p in procs:
                 try:
                     p.wait(timeout=20)
                 except subprocess.TimeoutExpired:
                     p.kill()
+
+    def test_estate_start_command(self, tmp_path):
+        """treefed estate start DIR: every broker of a generated estate up and linked,
+        SIGTERM stops them all (exit 0)."""
+        ports = _free_ports(3)
+        data = description(hq={"host": "127.0.0.1", "port": ports[0]}, tls={"enabled": False},
+                           user=[], permission=[], layer=[
+            {"name": "region", "sites": [{"id": "r1", "port": ports[1]}]},
+            {"name": "store", "sites": [{"id": "s1", "port": ports[2]}]}])
+        generate(parse_description(data), tmp_path)
+        proc = subprocess.Popen([sys.executable, "-m", "treefed.cli", "estate", "start",
+                                 str(tmp_path)], stderr=subprocess.PIPE, text=True,
+                                env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+        try:
+            line = proc.stderr.readline()
+            assert "3 brokers running, every link up" in line, line
+        finally:
+            proc.terminate()
+            assert proc.wait(timeout=30) == 0
+        assert all('"broker.stopped"' in (tmp_path / "logs" / f"{s}.log").read_text()
+                   for s in ("hq", "r1", "s1"))

@@ -1,4 +1,4 @@
-"""``treefed estate generate``, ``treefed import activemq`` and ``treefed forecast``.
+"""``treefed estate generate|start``, ``treefed import activemq`` and ``treefed forecast``.
 
 Each ``*_main(argv)`` is a delegated subcommand of ``treefed.cli``: exit status 0 on
 success, 1 when the work could not be done (a graph that is not a tree for
@@ -110,7 +110,14 @@ def estate_main(argv: Sequence[str]) -> int:
     g.add_argument("--out", required=True, help="output folder")
     g.add_argument("--rotate", action="store_true",
                    help="replace existing keys, certificates and generated passwords")
+    s = sub.add_parser("start", help="run a generated estate's brokers on this machine")
+    s.add_argument("folder", help="folder of broker configs (estate generate --out)")
+    s.add_argument("sites", nargs="*", help="only these sites (default: all)")
+    s.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds to wait for every link to come up")
     args = p.parse_args(list(argv))
+    if args.action == "start":
+        return _start(args)
     from treefed.estate.generate import generate, load_description
 
     started = time.perf_counter()
@@ -123,3 +130,41 @@ def estate_main(argv: Sequence[str]) -> int:
           f"({report['new_keys']} new keys) in {args.out}; "
           f"{time.perf_counter() - started:.2f} s", file=sys.stderr)
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt   # SIGTERM stops the estate as Ctrl-C does
+
+
+def _start(args: argparse.Namespace) -> int:
+    """Start, wait for every link, then run until Ctrl-C / SIGTERM; stop them all."""
+    import signal
+
+    from treefed.estate.start import start_estate
+
+    try:
+        running = start_estate(args.folder, args.sites or None)
+    except TreefedError as exc:
+        return _err("treefed estate start", exc)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        missing = running.wait_linked(args.timeout)
+        n = len(running.procs)
+        if missing:
+            print(f"treefed estate start: {n} brokers running, links still down: "
+                  + ", ".join(f"{a}->{b}" for a, b in missing), file=sys.stderr)
+        else:
+            print(f"treefed estate start: {n} brokers running, every link up "
+                  f"(logs in {Path(args.folder) / 'logs'}); Ctrl-C stops them",
+                  file=sys.stderr)
+        while all(p.poll() is None for p in running.procs.values()):
+            time.sleep(0.5)
+        print("treefed estate start: a broker exited; stopping the others", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    except RuntimeError as exc:
+        print(f"treefed estate start: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        running.stop()
