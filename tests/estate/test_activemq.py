@@ -135,6 +135,30 @@ duplex="{str(i == 1).lower()}" uri="static:(tcp://localhost:61002)" networkTTL="
         assert "not importable" in reasons["multicastNetworkConnector"]
 
 
+    def test_bad_values_are_listed_not_fatal(self, tmp_path):
+        """A port out of range, a destination treefed cannot name and a bad policy
+        pattern are listed with the reason; the rest of the broker still imports."""
+        a = write(tmp_path, "a.xml", guide_broker("brokerA", 61001, """
+<networkConnector name="bad" uri="static:(tcp://localhost:99999)"/>
+<networkConnector name="ok" uri="static:(tcp://localhost:61002)">
+<excludedDestinations><queue physicalName="A..B"/><queue physicalName="C"/></excludedDestinations>
+</networkConnector>""").replace("</networkConnectors>", """</networkConnectors>
+<destinationPolicy><policyMap><policyEntries>
+<policyEntry queue="X..Y" memoryLimit="1mb"/></policyEntries></policyMap></destinationPolicy>"""))
+        b = write(tmp_path, "b.xml", guide_broker("brokerB", 61002))
+        r = import_files([a, b])
+        (nc,) = r.configs["brokerA"].network_connectors
+        assert nc.name == "ok" and nc.excluded == ("queue://C",)
+        assert r.configs["brokerA"].policies == ()
+        reasons = {(u.what, u.value): u.reason for u in r.unmapped}
+        assert "out of range" in reasons[("networkConnector[bad]/@uri",
+                                          "static:(tcp://localhost:99999)")]
+        assert "not a valid destination" in reasons[
+            ("networkConnector[ok]/excludedDestinations/queue", "A..B")]
+        assert "not a valid destination pattern" in reasons[
+            ("policyEntry[queue://X..Y]", "queue://X..Y")]
+
+
 class TestHubAndSpoke:
     def test_store_estate_topology_and_configs(self, tmp_path):
         """HQ <- 2 regions <- 3 stores each, all on 0.0.0.0:61616 on their own hosts:
@@ -242,3 +266,37 @@ class TestBadXml:
         assert "4 brokers, 3 links, 0 unresolved" in done.stderr
         assert sorted(p.name for p in (tmp_path / "o").glob("*.toml")) == \
             ["hq.toml", "region-1.toml", "store-1-0001.toml", "store-1-0002.toml"]
+
+
+class TestNeverCrashes:
+    """Whatever the bytes, the import answers with brokers or an ImportError_ naming the
+    file -- never another exception."""
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    DOC = guide_broker("brokerA", 61001, """
+<networkConnector name="l" uri="static:(tcp://localhost:61002)" networkTTL="3" duplex="true">
+<excludedDestinations><queue physicalName="A.>"/></excludedDestinations>
+</networkConnector>""").encode()
+
+    @given(st.binary(max_size=300))
+    @settings(max_examples=150, deadline=None)
+    def test_arbitrary_bytes(self, data):
+        """Random bytes."""
+        try:
+            parse_activemq(data, "x.xml")
+        except ImportError_ as exc:
+            assert exc.message.startswith("x.xml")
+
+    @given(st.integers(0, 10_000), st.integers(0, 10_000), st.binary(max_size=8))
+    @settings(max_examples=150, deadline=None)
+    def test_damaged_documents(self, cut, at, junk):
+        """A real activemq.xml truncated, or with a few bytes spliced in."""
+        doc = self.DOC
+        for data in (doc[:cut % (len(doc) + 1)],
+                     doc[:at % len(doc)] + junk + doc[at % len(doc):]):
+            try:
+                parse_activemq(data, "x.xml")
+            except ImportError_ as exc:
+                assert exc.message.startswith("x.xml")

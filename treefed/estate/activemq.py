@@ -314,6 +314,10 @@ def _transports(elem: Element, b: ImportedBroker, ctx: _Ctx) -> None:
         b.addresses.append(addr)
         host = f"[{addr.host}]" if ":" in addr.host else addr.host
         if scheme in _LISTEN_SCHEMES:
+            problem = _uri_problem(f"tcp://{host}:{addr.port}", listen=True)
+            if problem:
+                ctx.skip(tc, what, uri, f"not a valid listen address: {problem}")
+                continue
             b.listen.append(f"tcp://{host}:{addr.port}")
             if "?" in uri:
                 ctx.skip(tc, what, uri.partition("?")[2],
@@ -364,8 +368,26 @@ def _convert_uri(uri: str, nc: Element, what: str, ctx: _Ctx) -> str | None:
         else:
             ctx.skip(nc, what, pair, "discovery option with no treefed equivalent")
     if scheme == "masterslave":
-        return f"failover:({','.join(endpoints)})?randomize=false"
-    return f"static:({','.join(endpoints)})" + (f"?{'&'.join(options)}" if options else "")
+        converted = f"failover:({','.join(endpoints)})?randomize=false"
+    else:
+        converted = (f"static:({','.join(endpoints)})"
+                     + (f"?{'&'.join(options)}" if options else ""))
+    problem = _uri_problem(converted)
+    if problem:
+        ctx.skip(nc, what, uri, f"not importable: {problem}")
+        return None
+    return converted
+
+
+def _uri_problem(uri: str, *, listen: bool = False) -> str | None:
+    """What treefed's URI parser says is wrong with ``uri`` (None: nothing)."""
+    from treefed.transport.uri import parse_uri
+
+    try:
+        parse_uri(uri, listen=listen)
+    except ConfigError as exc:
+        return exc.problem
+    return None
 
 
 def _connector(nc: Element, b: ImportedBroker, ctx: _Ctx) -> None:
@@ -452,8 +474,22 @@ def _destinations(elem: Element, what: str, ctx: _Ctx, *, wildcards: bool) -> li
                 ctx.skip(d, f"{what}/{local}", part, "statically included destinations "
                                                      "cannot use wildcards (as in ActiveMQ)")
                 continue
+            problem = _destination_problem(f"{local}://{part}", wildcards)
+            if problem:
+                ctx.skip(d, f"{what}/{local}", part, f"not a valid destination: {problem}")
+                continue
             out.append(f"{local}://{part}")
     return out
+
+
+def _destination_problem(name: str, wildcards: bool) -> str | None:
+    from treefed.core.destinations import parse_destination
+
+    try:
+        parse_destination(name, allow_wildcards=wildcards)
+    except TreefedError as exc:
+        return exc.message
+    return None
 
 
 def _policies(elem: Element, b: ImportedBroker, ctx: _Ctx) -> None:
@@ -461,9 +497,15 @@ def _policies(elem: Element, b: ImportedBroker, ctx: _Ctx) -> None:
     for pe in entries:
         dests = [f"{k}://{pe.get(k)}" for k in ("queue", "topic") if pe.get(k)]
         tag = f"policyEntry[{','.join(dests) or '?'}]"
+        bad = [d for d in dests if _destination_problem(d, True)]
+        for d in bad:
+            ctx.skip(pe, tag, d, f"not a valid destination pattern: "
+                                 f"{_destination_problem(d, True)}")
+        dests = [d for d in dests if d not in bad]
         if not dests:
-            ctx.skip(pe, tag, "", "policy entry for temp destinations or no destination: "
-                                  "not imported")
+            ctx.skip(pe, tag, "", "no valid queue or topic pattern: entry not imported" if bad
+                     else "policy entry for temp destinations or no destination: "
+                          "not imported")
             continue
         limit = None
         for attr, value in sorted(pe.attrib.items()):
