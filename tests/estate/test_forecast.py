@@ -179,6 +179,8 @@ class TestTree:
         """--emit-tree writes tree configs (leaf/branch/root by position) that load, link
         up the same way and forecast with nothing stranded."""
         files = hub_and_spoke(tmp_path / "xml", regions=2, stores=2, ttl=1)
+        files[-1].write_text(files[-1].read_text().replace(
+            'duplex="true"', 'duplex="true" userName="store-2-0002" password="s3cret"'))
         out = tmp_path / "configs"
         write_import(import_files(files), out)
         done = cli("forecast", str(out), "--out", str(tmp_path / "f"),
@@ -187,6 +189,8 @@ class TestTree:
         store = load_config(tmp_path / "t" / "store-2-0002.toml")
         assert store.network_connectors == () and store.tree_connector.node_type == "leaf"
         assert store.tree_connector.uri == "tcp://region-2.shop.example:61616"
+        assert (store.tree_connector.username, store.tree_connector.password) == \
+            ("store-2-0002", "s3cret")
         region = load_config(tmp_path / "t" / "region-1.toml")
         assert region.tree_connector.node_type == "branch"
         assert region.broker.accept_tree_children

@@ -529,8 +529,14 @@ def emit_tree(est: EstateConfigs, tree: Tree, out: str | Path) -> tuple[list[Pat
             scheme = "ssl" if any(u.startswith("ssl://") for u in
                                   est.configs[parent].broker.listen) else "tcp"
             host = f"[{addr.host}]" if ":" in addr.host else addr.host
+            # credentials of the connector that dialed the parent carry over
+            creds = next(((nc.username, nc.password) for link in est.links
+                          if link.dialer == bid and link.acceptor == parent
+                          for nc in c.network_connectors
+                          if nc.name == link.connector and nc.username), ("", ""))
             tc = TreeConnectorConfig(uri=f"{scheme}://{host}:{addr.port}",
-                                     node_type="leaf" if role == "leaf" else "branch")
+                                     node_type="leaf" if role == "leaf" else "branch",
+                                     username=creds[0], password=creds[1])
         new = replace(c, network_connectors=(), tree_connector=tc,
                       broker=replace(c.broker, accept_tree_children=role != "leaf",
                                      data_dir=f"data/{bid}"))
