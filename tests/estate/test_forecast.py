@@ -95,6 +95,42 @@ count = 12
         assert route["example"]["waits_at"] in ("D", "E")
 
 
+    @pytest.mark.parametrize("conduit, delivered, stranded", [(True, 6, 6), (False, 12, 0)])
+    def test_conduit_and_selectors(self, tmp_path, conduit, delivered, stranded):
+        """A -> B, A -> C; selectors region = 'us' at B, 'emea' at C: conduits drop the
+        selectors and half the messages strand; without conduits all 12 arrive."""
+        c = str(conduit).lower()
+        folder = imported(tmp_path, {
+            "A": (61001, connector(61002, "toB", conduitSubscriptions=c)
+                  + connector(61003, "toC", conduitSubscriptions=c)),
+            "B": (61002, ""), "C": (61003, "")})
+        est = load_estate([folder])
+        w = load_workload(workload(tmp_path, f"""
+[[consumer]]
+broker = "B"
+dst = "{FOO}"
+selector = "region = 'us'"
+[[consumer]]
+broker = "C"
+dst = "{FOO}"
+selector = "region = 'emea'"
+[[send]]
+broker = "A"
+dst = "{FOO}"
+count = 6
+headers = {{region = "us"}}
+[[send]]
+broker = "A"
+dst = "{FOO}"
+count = 6
+headers = {{region = "emea"}}
+"""), est.configs)
+        result = forecast(est, w)["current"]
+        assert result["messages"]["delivered"] == delivered
+        assert result["messages"]["stranded"] == stranded
+        assert sum(result["held"].get(b, 0) for b in "BC") == stranded
+
+
 STORE1 = "queue://Store.store-1-0001.Incoming"
 
 
