@@ -142,7 +142,7 @@ class _Conn:
 
     __slots__ = ("id", "kind", "framed", "out", "wake", "high_water", "paused", "resume",
                  "closing", "dead", "writer_done", "hello", "dialer", "peer",
-                 "remote", "opened", "last_rx", "pinged", "user", "guard", "scope")
+                 "remote", "opened", "last_rx", "pinged", "user", "guard", "scope", "rtt")
 
     def __init__(self, conn_id: str, framed: FramedStream, remote: str,
                  dialer: Dialer | None) -> None:
@@ -168,6 +168,7 @@ class _Conn:
         self.guard: Guard | None = None     # frame screen; None = nothing to check
         self.scope: trio.CancelScope | None = None  # its tasks: a dead peer is cut off
         #                                     at once (a half-open socket never drains)
+        self.rtt: float | None = None       # seconds from our last ping to its pong
 
     def queue(self, frame: Any) -> None:
         self.out.append(frame)
@@ -270,6 +271,9 @@ class BrokerNode:
         self.commits = 0            # store transactions
         self.store_full = False     # the last commit found the store full: persistent
         #                             sends are refused at the door until a delete commits
+        self.started = time.time()  # monitoring: uptime
+        self.heartbeat_misses = 0   # connections torn down for an unanswered ping
+        self.monitor: Any = None    # treefed.monitor.Monitor when [monitor] listen is set
 
     def _connectors(self) -> list[tuple[LinkSettings, str, str, tuple[str, str]]]:
         out = []
@@ -329,6 +333,11 @@ class BrokerNode:
                                      hint="use an ssl:// connector URI")
             for dialer in self.dialers:
                 nursery.start_soon(self._dial_loop, dialer)
+            if self.config.monitor.listen:
+                from treefed.monitor import Monitor
+
+                self.monitor = Monitor(self)
+                await nursery.start(self.monitor.serve)
             if b.heartbeat_interval > 0:
                 nursery.start_soon(self._heartbeats, b.heartbeat_interval)
             task_status.started(list(self.addresses))
@@ -383,6 +392,8 @@ class BrokerNode:
             hello = self.site.hello(dialer.settings)
             if dialer.username is not None:
                 hello.username, hello.password = dialer.username, dialer.password
+            if self.addresses:   # where the peer (and `treefed map`) can reach us
+                hello.options = {**hello.options, "listen": self.listen_uris()}
             c.queue(hello)
         self._conns[c.id] = c
         try:
@@ -540,6 +551,7 @@ class BrokerNode:
                     if now - c.pinged >= interval:
                         self.log.warning("conn.dead", conn=c.id, remote=c.remote,
                                          silent=round(silent, 3))
+                        self.heartbeat_misses += 1
                         if c.dialer is not None:
                             c.dialer.last_error = f"peer silent for {silent:.1f} s " \
                                                   "(heartbeat)"
@@ -610,7 +622,8 @@ class BrokerNode:
                 actions.append(Close(cid))
                 return
             elif kind is Pong:
-                pass
+                if c.pinged is not None:
+                    c.rtt = c.last_rx - c.pinged
             elif kind is Hello:
                 actions.append(Out(cid, Error("bad_frame", "hello was already exchanged")))
             else:
@@ -898,18 +911,38 @@ class BrokerNode:
             self.log.info(event, **a.fields)
 
     # ------------------------------------------------------------------ statistics
+    def listen_uris(self) -> list[str]:
+        return [f"{scheme}://{h}:{p}" for scheme, (h, p) in zip(self._schemes, self.addresses)]
+
+    def connections(self) -> list[dict]:
+        """One dict per live connection (stat's ``conns``, the monitor's /connz).  A
+        link also shows the listeners its peer announced (``listen``) and the last
+        ping's round trip (``rtt``)."""
+        out = []
+        for c in self._conns.values():
+            if c.dead:
+                continue
+            info = {"conn": c.id, "kind": c.kind, "remote": c.remote, "peer": c.peer,
+                    "queued": len(c.out), "paused": c.paused, "since": round(c.opened, 3)}
+            if c.kind is _LINK:
+                info["rtt"] = round(c.rtt, 6) if c.rtt is not None else None
+                info["dialed"] = c.dialer is not None
+                listen = c.hello.options.get("listen") if c.hello is not None else None
+                if isinstance(listen, list):
+                    info["listen"] = [u for u in listen if isinstance(u, str)][:8]
+            if c.user is not None:
+                info["user"] = c.user
+            out.append(info)
+        return out
+
     def statistics(self) -> dict:
         """The Site's statistics plus the node's own: listeners, connectors, connections."""
         stats = self.site.statistics()
         stats["name"] = self.config.broker.name
         stats["node_type"] = self.site.node_type
-        stats["listeners"] = [f"{scheme}://{h}:{p}"
-                              for scheme, (h, p) in zip(self._schemes, self.addresses)]
+        stats["listeners"] = self.listen_uris()
         stats["connectors"] = [d.status() for d in self.dialers]
-        stats["conns"] = [{"conn": c.id, "kind": c.kind, "remote": c.remote, "peer": c.peer,
-                           "queued": len(c.out), "paused": c.paused,
-                           "since": round(c.opened, 3)}
-                          for c in self._conns.values() if not c.dead]
+        stats["conns"] = self.connections()
         stats["batches"] = self.batches
         stats["commits"] = self.commits
         stats["store_full"] = self.store_full
