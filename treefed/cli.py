@@ -44,8 +44,13 @@ _DELEGATED_HELP = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import treefed
+
     parser = argparse.ArgumentParser(
-        prog="treefed", description="Broker federation for organisations shaped like a tree.")
+        prog="treefed", description="Broker federation for organisations shaped like a tree.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version",
+                        version=f"treefed {treefed.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("broker", help="run one site's broker")
@@ -82,9 +87,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stdin", action="store_true",
                    help="read the password from one line of stdin (no prompt)")
 
+    p = sub.add_parser("wait", help="wait until a broker answers (and its links are up)")
+    _connection_options(p)
+    p.add_argument("uri")
+    p.add_argument("--timeout", type=float, default=30.0,
+                   help="give up after this many seconds (status 1)")
+    p.add_argument("--link-up", action="store_true",
+                   help="also wait for the parent link (or, without one, every connector)")
+
+    p = sub.add_parser("map", help="walk the estate from a root broker and draw it")
+    _connection_options(p)
+    p.add_argument("uri", help="the root broker (any broker: the walk goes down from it)")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="the map as JSON")
+    fmt.add_argument("--dot", action="store_true", help="Graphviz dot")
+    fmt.add_argument("--html", action="store_true", help="a self-contained HTML page")
+    p.add_argument("--timeout", type=float, default=5.0,
+                   help="seconds each broker has to answer before it is shown unreachable")
+    p.add_argument("--concurrency", type=int, default=64, help="brokers asked at once")
+
     for name in _DELEGATED:
         p = sub.add_parser(name, help=_DELEGATED_HELP[name], add_help=False)
         p.add_argument("args", nargs=argparse.REMAINDER)
+    # `treefed --help` lists every sub-command's options, not only their names
+    usages = []
+    for name, p in sub.choices.items():
+        if name in _DELEGATED:
+            usages.append(f"  treefed {name} ...   (options: treefed {name} --help)")
+        else:
+            usages.append("  " + " ".join(p.format_usage().split())[len("usage: "):])
+    parser.epilog = "sub-commands and their options:\n" + "\n".join(usages)
     return parser
 
 
@@ -195,6 +227,48 @@ async def _consume(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stat_function(args: argparse.Namespace) -> Any:
+    """``stat(uri)`` with the command line's credentials: one short connection each."""
+    import copy
+
+    async def stat(uri: str) -> dict:
+        one = copy.copy(args)
+        one.uri = uri
+        async with _connect(one, f"treefed-{args.command}") as conn:
+            return await conn.stat()
+
+    return stat
+
+
+async def _wait(args: argparse.Namespace) -> int:
+    from treefed.ops.wait import wait_ready
+
+    ok, reason = await wait_ready(args.uri, _stat_function(args), timeout=args.timeout,
+                                  link_up=args.link_up)
+    if not ok:
+        print(f"treefed wait: {args.uri} not ready after {args.timeout:g} s: {reason}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _map(args: argparse.Namespace) -> int:
+    from treefed.ops import estate_map
+
+    found = await estate_map.discover(args.uri, _stat_function(args),
+                                      concurrency=args.concurrency, timeout=args.timeout)
+    if args.json:
+        print(json.dumps(found.as_dict(), indent=1, default=str))
+    elif args.dot:
+        print(estate_map.render_dot(found), end="")
+    elif args.html:
+        print(estate_map.render_html(found), end="")
+    else:
+        print(estate_map.render_text(found), end="")
+    root = found.brokers.get(found.root_key) if found.root_key else None
+    return 0 if root is not None and root.reachable else 1
+
+
 async def _stat(args: argparse.Namespace) -> int:
     async with _connect(args, "treefed-stat") as conn:
         stats = await conn.stat()
@@ -273,6 +347,14 @@ def _main(argv: Sequence[str] | None) -> int:
         return _run_client(_stat, args)
     if args.command == "passwd":
         return _passwd(args)
+    if args.command == "wait":
+        return _run_client(_wait, args)
+    if args.command == "map":
+        if args.concurrency < 1 or args.timeout <= 0:
+            print("treefed map: --concurrency must be >= 1 and --timeout > 0",
+                  file=sys.stderr)
+            return 2
+        return _run_client(_map, args)
     return _delegate(args.command, args.args)  # pragma: no cover - handled above
 
 

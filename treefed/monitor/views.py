@@ -125,6 +125,9 @@ def linkz(node: Any) -> dict:
                  "last_error": None}
         _link_detail(entry, bridge, c)
         links.append(entry)
+    for lost in node.lost_links.values():   # accepted links that went down
+        links.append({**lost, "connector": None, "dialed": False, "state": "down",
+                      "conn": None, "last_error": "link lost"})
     return {"broker": node.broker_id, "now": round(time.time(), 3), "links": links}
 
 

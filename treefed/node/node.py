@@ -126,6 +126,8 @@ GC_YOUNG_THRESHOLD = 10_000
 #: Password checks (scrypt: ~16 MiB and ~0.1 s each) running at once, so a flood of
 #: logins costs bounded memory and leaves CPU for the traffic.
 AUTH_THREADS = 4
+#: Accepted links remembered after they went down (``lost_links``), oldest dropped first.
+LOST_LINKS = 10_000
 
 _EOF = object()          # inbox marker: the peer closed or the socket broke
 _PENDING, _CLIENT, _LINK = "pending", "client", "link"
@@ -274,6 +276,9 @@ class BrokerNode:
         self.started = time.time()  # monitoring: uptime
         self.heartbeat_misses = 0   # connections torn down for an unanswered ping
         self.monitor: Any = None    # treefed.monitor.Monitor when [monitor] listen is set
+        # accepted links that went down and have not come back (peer -> what we knew):
+        # the peer dialed us, so nothing else here remembers it; `treefed map` shows it cut
+        self.lost_links: dict[str, dict] = {}
 
     def _connectors(self) -> list[tuple[LinkSettings, str, str, tuple[str, str]]]:
         out = []
@@ -712,7 +717,20 @@ class BrokerNode:
             c.dialer.last_error = None
         else:
             c.guard = self._link_guard(c, hello)
+            self.lost_links.pop(peer, None)
         actions += result
+
+    def _remember_lost(self, c: _Conn, now: float) -> None:
+        bridge = self.site.bridge(c.id)
+        listen = c.hello.options.get("listen") if c.hello is not None else None
+        self.lost_links.pop(c.peer, None)
+        if len(self.lost_links) >= LOST_LINKS:
+            del self.lost_links[next(iter(self.lost_links))]
+        self.lost_links[c.peer] = {
+            "peer": c.peer, "link": bridge.name if bridge is not None else None,
+            "lane": bridge.lane if bridge is not None else None, "remote": c.remote,
+            "listen": [u for u in listen if isinstance(u, str)][:8]
+            if isinstance(listen, list) else [], "since": round(now, 3)}
 
     def _link_guard(self, c: _Conn, hello: Hello) -> Guard | None:
         """The screen of an accepted link: the peer user's permissions and, for a tree
@@ -773,6 +791,8 @@ class BrokerNode:
         if c.kind is _CLIENT:
             actions += self.site.client_closed(c.id, now)
         elif c.kind is _LINK:
+            if c.dialer is None and not self._stopping:
+                self._remember_lost(c, now)
             actions += self.site.link_down(c.id, now)
         if c.writer_done.is_set() and self._conns.get(c.id) is c:
             del self._conns[c.id]
@@ -943,6 +963,7 @@ class BrokerNode:
         stats["listeners"] = self.listen_uris()
         stats["connectors"] = [d.status() for d in self.dialers]
         stats["conns"] = self.connections()
+        stats["lost_links"] = list(self.lost_links.values())
         stats["batches"] = self.batches
         stats["commits"] = self.commits
         stats["store_full"] = self.store_full
