@@ -106,6 +106,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds each broker has to answer before it is shown unreachable")
     p.add_argument("--concurrency", type=int, default=64, help="brokers asked at once")
 
+    p = sub.add_parser("link", help="add, delete or list a running broker's mesh links")
+    link = p.add_subparsers(dest="link_command", required=True, metavar="ACTION")
+    q = link.add_parser("add", help="start a network connector now")
+    _connection_options(q)
+    q.add_argument("uri", help="the broker to change")
+    q.add_argument("name", help="connector name (unique on that broker)")
+    q.add_argument("target", help="where it dials: tcp://, ssl://, static:(...)")
+    q.add_argument("--option", action="append", default=[], metavar="K=V",
+                   help="[[network_connector]] option, e.g. network_ttl=2 or "
+                        "statically_included=queue://A,queue://B (repeatable)")
+    q = link.add_parser("del", help="stop a network connector (its link says bye)")
+    _connection_options(q)
+    q.add_argument("uri")
+    q.add_argument("name")
+    q = link.add_parser("list", help="the broker's connectors and their state")
+    _connection_options(q)
+    q.add_argument("uri")
+
+    p = sub.add_parser("reload", help="make a broker re-read its config file (as SIGHUP)")
+    _connection_options(p)
+    p.add_argument("uri")
+
     for name in _DELEGATED:
         p = sub.add_parser(name, help=_DELEGATED_HELP[name], add_help=False)
         p.add_argument("args", nargs=argparse.REMAINDER)
@@ -114,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, p in sub.choices.items():
         if name in _DELEGATED:
             usages.append(f"  treefed {name} ...   (options: treefed {name} --help)")
+        elif name == "link":
+            for action, q in link.choices.items():
+                usages.append("  " + " ".join(q.format_usage().split())[len("usage: "):])
         else:
             usages.append("  " + " ".join(p.format_usage().split())[len("usage: "):])
     parser.epilog = "sub-commands and their options:\n" + "\n".join(usages)
@@ -269,6 +294,36 @@ async def _map(args: argparse.Namespace) -> int:
     return 0 if root is not None and root.reachable else 1
 
 
+_LIST_OPTIONS = ("dynamically_included", "excluded", "statically_included")
+
+
+def _link_options(pairs: Sequence[str]) -> dict:
+    options: dict = {}
+    for pair in pairs:
+        key, eq, text = pair.partition("=")
+        if not eq or not key:
+            raise SystemExit(f"treefed link: --option wants K=V, got {pair!r}")
+        options[key] = ([v for v in text.split(",") if v] if key in _LIST_OPTIONS
+                        else _header_value(text))
+    return options
+
+
+async def _admin(args: argparse.Namespace) -> int:
+    if args.command == "reload":
+        command, params = "reload", {}
+    elif args.link_command == "add":
+        command = "link.add"
+        params = {"name": args.name, "uri": args.target, **_link_options(args.option)}
+    elif args.link_command == "del":
+        command, params = "link.del", {"name": args.name}
+    else:
+        command, params = "link.list", {}
+    async with _connect(args, f"treefed-{args.command}") as conn:
+        result = await conn.admin(command, **params)
+    print(json.dumps(result, indent=2, sort_keys=True, default=str))
+    return 0
+
+
 async def _stat(args: argparse.Namespace) -> int:
     async with _connect(args, "treefed-stat") as conn:
         stats = await conn.stat()
@@ -349,6 +404,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return _passwd(args)
     if args.command == "wait":
         return _run_client(_wait, args)
+    if args.command in ("link", "reload"):
+        return _run_client(_admin, args)
     if args.command == "map":
         if args.concurrency < 1 or args.timeout <= 0:
             print("treefed map: --concurrency must be >= 1 and --timeout > 0",

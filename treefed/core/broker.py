@@ -584,6 +584,17 @@ class Broker:
 
     # ------------------------------------------------------------------ statistics
 
+    def set_policies(self, policies: PolicySet) -> None:
+        """Replace the destination policies (a live reload): existing destinations take
+        their new policy at once; messages already held stay (limits apply to what
+        arrives next)."""
+        self.policies = policies
+        for d in self._dests.values():
+            policy = policies.for_destination(d.name)
+            d.policy = policy
+            d.limited = policy.limited
+            d.local_only = policy.local_only or d.name == self.dlq
+
     def destination_sizes(self) -> list[tuple[str, int, int, int]]:
         """``(name, depth, bytes, consumers)`` per destination: what monitoring scrapes,
         without the copy of every consumer that ``statistics`` makes."""

@@ -102,8 +102,9 @@ from treefed.transport.streams import connect_with_retry, open_tcp, peer_address
 from treefed.transport.tls import peer_identity, serve_tls
 from treefed.transport.uri import Endpoint, Failover, Static, parse_uri
 from treefed.wire.codec import check_hello
-from treefed.wire.frames import (PROTOCOL_VERSION, Bye, Deliver, Error, Forward, ForwardAck,
-                                 Hello, Ping, Pong, Receipt, Send, StatReply, StatRequest)
+from treefed.wire.frames import (PROTOCOL_VERSION, Admin, Bye, Deliver, Error, Forward,
+                                 ForwardAck, Hello, Ping, Pong, Receipt, Send, StatReply,
+                                 StatRequest)
 
 __all__ = ["BrokerNode", "Dialer", "CLIENT_HIGH_WATER", "LINK_HIGH_WATER",
            "GC_YOUNG_THRESHOLD"]
@@ -195,6 +196,8 @@ class Dialer:
     last_error: str | None = None
     username: str | None = None     # credentials for our hello (None: none / certificate)
     password: str | None = None
+    removed: bool = False           # an operator deleted it: stop dialing (node/admin.py)
+    scope: Any = None               # cancels its dial loop while it waits to reconnect
 
     def status(self) -> dict:
         return {"connector": self.settings.kind, "name": self.settings.name,
@@ -336,8 +339,9 @@ class BrokerNode:
                                            for e in dialer.target.endpoints):
                     self.log.warning("security.plaintext_password", link=dialer.uri,
                                      hint="use an ssl:// connector URI")
+            self._nursery = nursery
             for dialer in self.dialers:
-                nursery.start_soon(self._dial_loop, dialer)
+                self._start_dialer(dialer)
             if self.config.monitor.listen:
                 from treefed.monitor import Monitor
 
@@ -520,7 +524,7 @@ class BrokerNode:
                 self.log.info("link.dial_failed", link=dialer.settings.name,
                               endpoint=str(endpoint), error=error.message)
 
-        while not self._stopping:
+        while not self._stopping and not dialer.removed:
             try:
                 stream, _ = await connect_with_retry(dialer.target, backoff, self._rng,
                                                      on_attempt=on_attempt,
@@ -622,6 +626,9 @@ class BrokerNode:
             elif kind is StatRequest:
                 if c.guard is None or c.guard.screen(cid, frame, actions):
                     actions.append(Out(cid, StatReply(self.statistics())))
+            elif kind is Admin:
+                if c.guard is None or c.guard.screen(cid, frame, actions):
+                    actions.append(Out(cid, self._admin(frame, now, actions)))
             elif kind is Bye:
                 self.log.info("conn.bye", conn=cid, peer=c.peer, reason=frame.reason)
                 actions.append(Close(cid))
@@ -929,6 +936,97 @@ class BrokerNode:
                 self.log.info(event, **a.fields)
         else:
             self.log.info(event, **a.fields)
+
+    # ------------------------------------------------------------------ runtime changes
+    def _admin(self, frame: Admin, now: float, actions: list) -> Any:
+        """Run an operator's command (node/admin.py); the reply, or an Error."""
+        from treefed.node import admin
+
+        try:
+            if frame.command == "link.list":
+                return StatReply(admin.link_list(self))
+            if frame.command == "link.add":
+                return StatReply(admin.link_add(self, frame.args))
+            if frame.command == "link.del":
+                return StatReply(admin.link_del(self, frame.args.get("name"), now, actions))
+            if frame.command == "reload":
+                return StatReply(admin.reload(self, now, actions))
+            raise TreefedError(f"unknown admin command {frame.command!r} (link.add, "
+                               "link.del, link.list, reload)", code="bad_request")
+        except TreefedError as exc:
+            self.log.warning("admin.refused", command=frame.command, error=exc.message)
+            return Error(exc.code, exc.message, "stat")
+
+    async def reload(self) -> dict:
+        """Re-read the config file (SIGHUP), between two batches of the site task.
+        Raises TreefedError (nothing changed) when it cannot be applied."""
+        from treefed.node import admin
+
+        async with self._batch_lock:
+            now = time.time()
+            actions: list = []
+            result = admin.reload(self, now, actions)
+            await self._perform(actions, now)
+        return result
+
+    def _start_dialer(self, dialer: Dialer) -> None:
+        async def run() -> None:
+            with trio.CancelScope() as scope:
+                dialer.scope = scope
+                await self._dial_loop(dialer)
+
+        self._nursery.start_soon(run)
+
+    def add_connector(self, nc: Any) -> list[Dialer]:
+        """Start dialing a new network connector (validated config)."""
+        added = []
+        for target, name in _dial_targets(nc.uri, "network_connector.uri"):
+            d = Dialer(nc.link_settings(), target, name, username=nc.username or None,
+                       password=nc.password or None)
+            if self._client_ssl is None and any(e.scheme == "ssl"
+                                                for e in target.endpoints):
+                self._client_ssl = self.config.security.tls.client_context()
+            self.dialers.append(d)
+            added.append(d)
+            self._start_dialer(d)
+        self.config = dataclasses.replace(
+            self.config, network_connectors=(*self.config.network_connectors, nc))
+        return added
+
+    def remove_connector(self, name: str, now: float, actions: list) -> list[dict]:
+        """Stop a network connector: no more dialing; its live link says bye and goes
+        down (its unacked forwards are requeued by the Site, as for any lost link)."""
+        removed = []
+        for d in [d for d in self.dialers if d.settings.name == name
+                  and d.settings.kind == "mesh"]:
+            d.removed = True
+            c = self._conns.get(d.conn) if d.conn is not None else None
+            if c is not None and not c.dead:
+                actions.append(Close(c.id, Bye("link removed by an operator")))
+            elif d.scope is not None:
+                d.scope.cancel()     # waiting to (re)connect: nothing to close
+            self.dialers.remove(d)
+            removed.append(d.status())
+        self.config = dataclasses.replace(self.config, network_connectors=tuple(
+            nc for nc in self.config.network_connectors if nc.name != name))
+        return removed
+
+    def set_security(self, sec: Any) -> None:
+        """New users / permissions (a reload): new logins and every open connection's
+        screen use them from now on."""
+        self._auth = sec.authenticator() if sec.authentication else None
+        self._authz = sec.authorizer()
+        for c in self._conns.values():
+            if c.guard is not None:
+                c.guard.authz = self._authz
+
+    def set_logging(self, logging: Any) -> None:
+        from treefed.log import set_level
+
+        set_level(logging.level)
+        self.log = get_logger(broker=self.broker_id)
+        self._message_events = logging.message_events
+        self.site.broker.log_messages = logging.message_events
 
     # ------------------------------------------------------------------ statistics
     def listen_uris(self) -> list[str]:
