@@ -241,7 +241,7 @@ def render_dot(m: EstateMap) -> str:
     out = ["digraph estate {", "  rankdir=TB;", '  node [shape=box, fontname="monospace"];']
     for key, view in m.brokers.items():
         colour = "black" if view.reachable else "red"
-        label = f"{key}\\n{view.node_type or 'unreachable'}"
+        label = f"{key}\n{view.node_type or 'unreachable'}"
         out.append(f"  {json.dumps(key)} [label={json.dumps(label)}, color={colour}];")
     seen: set[tuple] = set()
     for key, view in m.brokers.items():
