@@ -124,6 +124,18 @@ def build_parser() -> argparse.ArgumentParser:
     _connection_options(q)
     q.add_argument("uri")
 
+    p = sub.add_parser("explain", help="why a message sent at a broker would or would not "
+                                       "reach each consumer")
+    _connection_options(p)
+    p.add_argument("dst", help="destination, e.g. queue://Store.0001.Incoming")
+    p.add_argument("--from", dest="from_broker", required=True, metavar="BROKER",
+                   help="the broker id the message is sent at (or its URI)")
+    p.add_argument("--root", default=None, metavar="URI",
+                   help="where to start walking the estate (default: --from, a URI)")
+    p.add_argument("--json", action="store_true", help="the explanation as JSON")
+    p.add_argument("--timeout", type=float, default=5.0,
+                   help="seconds each broker has to answer")
+
     p = sub.add_parser("reload", help="make a broker re-read its config file (as SIGHUP)")
     _connection_options(p)
     p.add_argument("uri")
@@ -324,6 +336,56 @@ async def _admin(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _explain(args: argparse.Namespace) -> int:
+    import copy
+
+    import trio
+
+    from treefed.core.destinations import parse_destination
+    from treefed.errors import TreefedError
+    from treefed.ops import estate_map, explain
+
+    try:
+        dst = parse_destination(args.dst)
+    except TreefedError as exc:
+        print(f"treefed explain: {exc.message}", file=sys.stderr)
+        return 2
+    root = args.root or args.from_broker
+    if "://" not in root and ":(" not in root:
+        print("treefed explain: --root URI is needed when --from names a broker id",
+              file=sys.stderr)
+        return 2
+    found = await estate_map.discover(root, _stat_function(args), timeout=args.timeout)
+    views: dict = {}
+
+    async def ask(key: str, uri: str) -> None:
+        one = copy.copy(args)
+        one.uri = uri
+        try:
+            with trio.fail_after(args.timeout):
+                async with _connect(one, "treefed-explain") as conn:
+                    views[key] = await conn.admin("explain", dst=dst)
+        except (TreefedError, trio.TooSlowError, OSError):
+            views[key] = None
+
+    async with trio.open_nursery() as nursery:
+        for key, view in found.brokers.items():
+            if view.reachable:
+                nursery.start_soon(ask, key, view.uri)
+            else:
+                views[key] = None
+    start = args.from_broker
+    if start not in views:   # a URI: the broker answering there
+        start = next((k for k, v in found.brokers.items() if v.uri == start),
+                     found.root_key)
+    result = explain.trace(views, start)
+    if args.json:
+        print(json.dumps(result, indent=1, default=str))
+    else:
+        print(explain.render(result, dst), end="")
+    return 0
+
+
 async def _stat(args: argparse.Namespace) -> int:
     async with _connect(args, "treefed-stat") as conn:
         stats = await conn.stat()
@@ -406,6 +468,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return _run_client(_wait, args)
     if args.command in ("link", "reload"):
         return _run_client(_admin, args)
+    if args.command == "explain":
+        return _run_client(_explain, args)
     if args.command == "map":
         if args.concurrency < 1 or args.timeout <= 0:
             print("treefed map: --concurrency must be >= 1 and --timeout > 0",

@@ -951,6 +951,10 @@ class BrokerNode:
                 return StatReply(admin.link_del(self, frame.args.get("name"), now, actions))
             if frame.command == "reload":
                 return StatReply(admin.reload(self, now, actions))
+            if frame.command == "explain":
+                from treefed.ops.explain import explain_view
+
+                return StatReply(explain_view(self, str(frame.args.get("dst", ""))))
             raise TreefedError(f"unknown admin command {frame.command!r} (link.add, "
                                "link.del, link.list, reload)", code="bad_request")
         except TreefedError as exc:
