@@ -21,6 +21,7 @@ Exit status: 0 success, 1 runtime failure (broker unreachable, refused request),
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import math
@@ -87,58 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stdin", action="store_true",
                    help="read the password from one line of stdin (no prompt)")
 
-    p = sub.add_parser("wait", help="wait until a broker answers (and its links are up)")
-    _connection_options(p)
-    p.add_argument("uri")
-    p.add_argument("--timeout", type=float, default=30.0,
-                   help="give up after this many seconds (status 1)")
-    p.add_argument("--link-up", action="store_true",
-                   help="also wait for the parent link (or, without one, every connector)")
+    from treefed.ops import cli as ops_cli
 
-    p = sub.add_parser("map", help="walk the estate from a root broker and draw it")
-    _connection_options(p)
-    p.add_argument("uri", help="the root broker (any broker: the walk goes down from it)")
-    fmt = p.add_mutually_exclusive_group()
-    fmt.add_argument("--json", action="store_true", help="the map as JSON")
-    fmt.add_argument("--dot", action="store_true", help="Graphviz dot")
-    fmt.add_argument("--html", action="store_true", help="a self-contained HTML page")
-    p.add_argument("--timeout", type=float, default=5.0,
-                   help="seconds each broker has to answer before it is shown unreachable")
-    p.add_argument("--concurrency", type=int, default=64, help="brokers asked at once")
-
-    p = sub.add_parser("link", help="add, delete or list a running broker's mesh links")
-    link = p.add_subparsers(dest="link_command", required=True, metavar="ACTION")
-    q = link.add_parser("add", help="start a network connector now")
-    _connection_options(q)
-    q.add_argument("uri", help="the broker to change")
-    q.add_argument("name", help="connector name (unique on that broker)")
-    q.add_argument("target", help="where it dials: tcp://, ssl://, static:(...)")
-    q.add_argument("--option", action="append", default=[], metavar="K=V",
-                   help="[[network_connector]] option, e.g. network_ttl=2 or "
-                        "statically_included=queue://A,queue://B (repeatable)")
-    q = link.add_parser("del", help="stop a network connector (its link says bye)")
-    _connection_options(q)
-    q.add_argument("uri")
-    q.add_argument("name")
-    q = link.add_parser("list", help="the broker's connectors and their state")
-    _connection_options(q)
-    q.add_argument("uri")
-
-    p = sub.add_parser("explain", help="why a message sent at a broker would or would not "
-                                       "reach each consumer")
-    _connection_options(p)
-    p.add_argument("dst", help="destination, e.g. queue://Store.0001.Incoming")
-    p.add_argument("--from", dest="from_broker", required=True, metavar="BROKER",
-                   help="the broker id the message is sent at (or its URI)")
-    p.add_argument("--root", default=None, metavar="URI",
-                   help="where to start walking the estate (default: --from, a URI)")
-    p.add_argument("--json", action="store_true", help="the explanation as JSON")
-    p.add_argument("--timeout", type=float, default=5.0,
-                   help="seconds each broker has to answer")
-
-    p = sub.add_parser("reload", help="make a broker re-read its config file (as SIGHUP)")
-    _connection_options(p)
-    p.add_argument("uri")
+    ops_cli.add_commands(sub, _connection_options)
 
     for name in _DELEGATED:
         p = sub.add_parser(name, help=_DELEGATED_HELP[name], add_help=False)
@@ -148,8 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, p in sub.choices.items():
         if name in _DELEGATED:
             usages.append(f"  treefed {name} ...   (options: treefed {name} --help)")
-        elif name == "link":
-            for action, q in link.choices.items():
+        elif name in ops_cli.NESTED:
+            for q in ops_cli.NESTED[name](p).values():
                 usages.append("  " + " ".join(q.format_usage().split())[len("usage: "):])
         else:
             usages.append("  " + " ".join(p.format_usage().split())[len("usage: "):])
@@ -264,128 +216,6 @@ async def _consume(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stat_function(args: argparse.Namespace) -> Any:
-    """``stat(uri)`` with the command line's credentials: one short connection each."""
-    import copy
-
-    async def stat(uri: str) -> dict:
-        one = copy.copy(args)
-        one.uri = uri
-        async with _connect(one, f"treefed-{args.command}") as conn:
-            return await conn.stat()
-
-    return stat
-
-
-async def _wait(args: argparse.Namespace) -> int:
-    from treefed.ops.wait import wait_ready
-
-    ok, reason = await wait_ready(args.uri, _stat_function(args), timeout=args.timeout,
-                                  link_up=args.link_up)
-    if not ok:
-        print(f"treefed wait: {args.uri} not ready after {args.timeout:g} s: {reason}",
-              file=sys.stderr)
-        return 1
-    return 0
-
-
-async def _map(args: argparse.Namespace) -> int:
-    from treefed.ops import estate_map
-
-    found = await estate_map.discover(args.uri, _stat_function(args),
-                                      concurrency=args.concurrency, timeout=args.timeout)
-    if args.json:
-        print(json.dumps(found.as_dict(), indent=1, default=str))
-    elif args.dot:
-        print(estate_map.render_dot(found), end="")
-    elif args.html:
-        print(estate_map.render_html(found), end="")
-    else:
-        print(estate_map.render_text(found), end="")
-    root = found.brokers.get(found.root_key) if found.root_key else None
-    return 0 if root is not None and root.reachable else 1
-
-
-_LIST_OPTIONS = ("dynamically_included", "excluded", "statically_included")
-
-
-def _link_options(pairs: Sequence[str]) -> dict:
-    options: dict = {}
-    for pair in pairs:
-        key, eq, text = pair.partition("=")
-        if not eq or not key:
-            raise SystemExit(f"treefed link: --option wants K=V, got {pair!r}")
-        options[key] = ([v for v in text.split(",") if v] if key in _LIST_OPTIONS
-                        else _header_value(text))
-    return options
-
-
-async def _admin(args: argparse.Namespace) -> int:
-    if args.command == "reload":
-        command, params = "reload", {}
-    elif args.link_command == "add":
-        command = "link.add"
-        params = {"name": args.name, "uri": args.target, **_link_options(args.option)}
-    elif args.link_command == "del":
-        command, params = "link.del", {"name": args.name}
-    else:
-        command, params = "link.list", {}
-    async with _connect(args, f"treefed-{args.command}") as conn:
-        result = await conn.admin(command, **params)
-    print(json.dumps(result, indent=2, sort_keys=True, default=str))
-    return 0
-
-
-async def _explain(args: argparse.Namespace) -> int:
-    import copy
-
-    import trio
-
-    from treefed.core.destinations import parse_destination
-    from treefed.errors import TreefedError
-    from treefed.ops import estate_map, explain
-
-    try:
-        dst = parse_destination(args.dst)
-    except TreefedError as exc:
-        print(f"treefed explain: {exc.message}", file=sys.stderr)
-        return 2
-    root = args.root or args.from_broker
-    if "://" not in root and ":(" not in root:
-        print("treefed explain: --root URI is needed when --from names a broker id",
-              file=sys.stderr)
-        return 2
-    found = await estate_map.discover(root, _stat_function(args), timeout=args.timeout)
-    views: dict = {}
-
-    async def ask(key: str, uri: str) -> None:
-        one = copy.copy(args)
-        one.uri = uri
-        try:
-            with trio.fail_after(args.timeout):
-                async with _connect(one, "treefed-explain") as conn:
-                    views[key] = await conn.admin("explain", dst=dst)
-        except (TreefedError, trio.TooSlowError, OSError):
-            views[key] = None
-
-    async with trio.open_nursery() as nursery:
-        for key, view in found.brokers.items():
-            if view.reachable:
-                nursery.start_soon(ask, key, view.uri)
-            else:
-                views[key] = None
-    start = args.from_broker
-    if start not in views:   # a URI: the broker answering there
-        start = next((k for k, v in found.brokers.items() if v.uri == start),
-                     found.root_key)
-    result = explain.trace(views, start)
-    if args.json:
-        print(json.dumps(result, indent=1, default=str))
-    else:
-        print(explain.render(result, dst), end="")
-    return 0
-
-
 async def _stat(args: argparse.Namespace) -> int:
     async with _connect(args, "treefed-stat") as conn:
         stats = await conn.stat()
@@ -464,18 +294,14 @@ def _main(argv: Sequence[str] | None) -> int:
         return _run_client(_stat, args)
     if args.command == "passwd":
         return _passwd(args)
-    if args.command == "wait":
-        return _run_client(_wait, args)
-    if args.command in ("link", "reload"):
-        return _run_client(_admin, args)
-    if args.command == "explain":
-        return _run_client(_explain, args)
-    if args.command == "map":
-        if args.concurrency < 1 or args.timeout <= 0:
-            print("treefed map: --concurrency must be >= 1 and --timeout > 0",
-                  file=sys.stderr)
+    from treefed.ops import cli as ops_cli
+
+    if args.command in ops_cli.COMMANDS:   # wait, map, explain, link, reload
+        problem = ops_cli.check(args)
+        if problem:
+            print(f"treefed {args.command}: {problem}", file=sys.stderr)
             return 2
-        return _run_client(_map, args)
+        return _run_client(functools.partial(ops_cli.run, connect=_connect), args)
     return _delegate(args.command, args.args)  # pragma: no cover - handled above
 
 
