@@ -6,7 +6,10 @@ link and listener a loopback TCP socket (what the tcp engine does, on the real c
 Each store holds one local consumer on its own queue, so every link carries demand.
 Then the real CLI, ``treefed map ROOT --json``, runs as a separate process, alternating
 with the same-run baseline ``treefed stat ROOT`` (one broker asked: process start, import,
-one connection); medians of ``--rounds`` each.  One JSON line on stdout.
+one connection); medians of ``--rounds`` each, with the CPU seconds the map process and
+the estate's host process spent during the walk (what the wall time costs on a quiet
+machine; on a shared one the wall time mostly measures the queue for a core).  One JSON
+line on stdout.
 
     python bench/estate_map.py [--regions R] [--stores S] [--rounds N]
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -76,7 +80,7 @@ async def host(regions: int, stores: int, rounds: int, folder: str) -> dict:
         while root.site.statistics()["interest"] < len(leaves):
             await trio.sleep(0.2)
         out["estate_up_seconds"] = round(time.perf_counter() - began, 1)
-        maps, stats, ratios = [], [], []
+        maps, stats, ratios, cpu_client, cpu_host = [], [], [], [], []
         last = {}
         for _ in range(rounds):
             t = time.perf_counter()
@@ -84,10 +88,16 @@ async def host(regions: int, stores: int, rounds: int, folder: str) -> dict:
                                    capture_stdout=True, env=env)
             s = time.perf_counter() - t
             t = time.perf_counter()
+            kids, me = (resource.getrusage(resource.RUSAGE_CHILDREN),
+                        resource.getrusage(resource.RUSAGE_SELF))
             done = await trio.run_process([sys.executable, "-m", "treefed.cli", "map",
                                            root_uri, "--json", "--timeout", "30"],
                                           capture_stdout=True, env=env, check=False)
             m = time.perf_counter() - t
+            kids2, me2 = (resource.getrusage(resource.RUSAGE_CHILDREN),
+                          resource.getrusage(resource.RUSAGE_SELF))
+            cpu_client.append(kids2.ru_utime + kids2.ru_stime - kids.ru_utime - kids.ru_stime)
+            cpu_host.append(me2.ru_utime + me2.ru_stime - me.ru_utime - me.ru_stime)
             last = json.loads(done.stdout)
             maps.append(m)
             stats.append(s)
@@ -96,6 +106,8 @@ async def host(regions: int, stores: int, rounds: int, folder: str) -> dict:
                     "stat_seconds": round(statistics.median(stats), 2),
                     "map_over_stat": round(statistics.median(ratios), 1),
                     "walk_seconds_reported": last.get("seconds"),
+                    "map_cpu_seconds_client": round(statistics.median(cpu_client), 2),
+                    "map_cpu_seconds_estate_host": round(statistics.median(cpu_host), 2),
                     "found": last.get("brokers"), "unreachable": last.get("unreachable"),
                     "root_demand": sum(l["demand"] for l in
                                        last["estate"]["root"]["links"])})
