@@ -171,3 +171,56 @@ class TestTrace:
                              links=[link("ba", "a")])}
         refused = trace(looping, "a")["refused"]
         assert [r["reason"] for r in refused] == ["loop"]
+
+
+class TestPermission:
+    async def test_forward_refused_by_the_next_brokers_permissions(self, tmp_path: Path,
+                                                                  monkeypatch) -> None:
+        """B lets A's user advertise (read >) but write only queue://Allowed.>: a
+        message for B's consumer of queue://T is explained as permission (A holds the
+        demand, B's screen refuses the forward) and is indeed not delivered, while
+        queue://Allowed.T is reached and delivered."""
+        from treefed.config import parse_config
+        from treefed.node import BrokerNode
+        from treefed.security.passwords import hash_password
+
+        fast = {"n": 2 ** 6, "r": 8, "p": 1}
+        security = {
+            "authentication": True, "failure_delay": 0.01, "max_failure_delay": 0.01,
+            "user": [{"name": "a", "password_hash": hash_password("a-pw", **fast)},
+                     {"name": "ops", "password_hash": hash_password("ops-pw", **fast)}],
+            "permission": [{"principal": "a", "read": [">"],
+                            "write": ["queue://Allowed.>"]},
+                           {"principal": "ops", "read": [">"], "write": [">"],
+                            "admin": [">"]}]}
+        b = BrokerNode(parse_config({
+            "broker": {"id": "b", "data_dir": str(tmp_path / "b"),
+                       "listen": ["tcp://127.0.0.1:0"], "heartbeat_interval": 0.0},
+            "logging": {"level": "warning"}, "security": security}))
+        async with trio.open_nursery() as nursery:
+            (host, port), = await nursery.start(b.serve)
+            b_uri = f"tcp://{host}:{port}"
+            a, a_uri = await start_node(nursery, make_config(
+                tmp_path / "a", "a", mesh=[{"name": "ab", "uri": b_uri, "username": "a",
+                                            "password": "a-pw"}]))
+            await wait_for(lambda: a.dialers[0].state == "operational")
+            async with connect(b_uri, username="ops", password="ops-pw") as bc:
+                t = await bc.subscribe("queue://T")
+                ok = await bc.subscribe("queue://Allowed.T")
+                await wait_for(lambda: a.site.statistics()["demand"] >= 2)
+                monkeypatch.setenv("TREEFED_PASSWORD", "ops-pw")
+                code, out, err = await run_cli("explain", "T", "--from", "a", "--root",
+                                               a_uri, "--json", "--user", "ops")
+                assert code == 0, err
+                result = json.loads(out)
+                assert result["reached"] == {}
+                assert result["unreached"][0]["reason"] == "permission", result
+                code, out, err = await run_cli("explain", "Allowed.T", "--from", "a",
+                                               "--root", a_uri, "--json", "--user", "ops")
+                assert len(json.loads(out)["reached"]) == 1, out
+                async with connect(a_uri) as producer:
+                    await producer.send("queue://T", b"t", persistent=True)
+                    await producer.send("queue://Allowed.T", b"ok", persistent=True)
+                assert await delivered(ok)
+                assert not await delivered(t)
+            nursery.cancel_scope.cancel()

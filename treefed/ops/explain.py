@@ -16,6 +16,9 @@ demand for it, unless the link refuses it —
 * ``ttl``        the message made ``message_ttl`` hops already;
 * ``filter``     the destination is ``local_only`` here, or excluded / not included on
                  that link;
+* ``permission`` the next broker's screen refuses it (the user this broker logged in as
+                 may not write the destination there, or it is outside a tree child's
+                 scope);
 
 and where a broker holds no demand at all, a tree broker sends it up to its parent
 (``route_unknown_up``, recorded as ``tree_rule``).  Every consumer the replay does not
@@ -60,12 +63,19 @@ def explain_view(node: Any, dst: str) -> dict:
             continue
         policy = bridge.policy
         permit = policy.permit(dst) if hasattr(policy, "permit") else None
+        # forwards the peer sends us over this link pass our screen (permissions, a
+        # tree child's scope)?  False: they are refused here as "permission"
+        guard = node._conns[c["conn"]].guard   # noqa: SLF001 - same package family
+        takes = guard is None or (
+            (guard.authz is None or guard.authz.check(guard.user, "write", dst))
+            and (guard.scope is None or guard.scope.may_send(dst)))
         links.append({"link": bridge.name, "conn": bridge.conn, "peer": bridge.peer,
                       "lane": bridge.lane, "state": "operational",
                       "message_ttl": getattr(policy, "message_ttl", -1),
                       "consumer_ttl": bridge.settings.consumer_ttl
                       if bridge.settings.kind == "mesh" else -1,
-                      "filter": permit, "forwards": bridge.forwards})
+                      "filter": permit, "forwards": bridge.forwards,
+                      "takes_forwards": takes})
         for it in bridge.remote.values():
             if matches(it.dst, dst):
                 entries.append({"link": bridge.name, "conn": bridge.conn,
@@ -106,6 +116,19 @@ def _refusal(view: dict, link: dict, path: list[str]) -> str | None:
     return None
 
 
+def _screened(views: dict, here: str, peer: str) -> str | None:
+    """``permission`` when ``peer`` refuses forwards from ``here`` on its end of the link
+    (the user ``here`` logged in as may not write the destination there)."""
+    view = views.get(peer)
+    if view is None:
+        return None
+    for link in view["links"]:
+        if link["peer"] == here and link["state"] == "operational" \
+                and link.get("takes_forwards") is False:
+            return "permission"
+    return None
+
+
 def trace(views: dict[str, dict], start: str, *, max_steps: int = 100_000) -> dict:
     """Replay a message sent at ``start`` over the brokers' ``views`` (broker id -> view,
     or None when it did not answer).  Returns reached consumers (each with its hops),
@@ -139,7 +162,7 @@ def trace(views: dict[str, dict], start: str, *, max_steps: int = 100_000) -> di
             link = links.get((group[0]["link"], group[0]["peer"]))
             if link is None:
                 continue
-            reason = _refusal(view, link, path)
+            reason = _refusal(view, link, path) or _screened(views, here, link["peer"])
             consumers = sorted({e["consumer"] for e in group})
             if reason is not None:
                 refused.append({"at": here, "to": link["peer"], "link": link["link"],
