@@ -70,6 +70,10 @@ def add_commands(sub: Any, connection_options: Callable[[argparse.ArgumentParser
                    help="the broker id the message is sent at (or its URI)")
     p.add_argument("--root", default=None, metavar="URI",
                    help="where to start walking the estate (default: --from, a URI)")
+    p.add_argument("--run", default=None, metavar="DIR",
+                   help="explain from a scenario run directory's event log instead")
+    p.add_argument("--at", type=float, default=None, metavar="T",
+                   help="with --run: the estate as it stood at run time T (default: end)")
     p.add_argument("--json", action="store_true", help="the explanation as JSON")
     p.add_argument("--timeout", type=float, default=5.0,
                    help="seconds each broker has to answer")
@@ -194,6 +198,16 @@ async def _explain(args: argparse.Namespace, connect: Any) -> int:
     except TreefedError as exc:
         print(f"treefed explain: {exc.message}", file=sys.stderr)
         return 2
+    if args.run is not None:
+        views = explain.views_from_events(explain.read_run(args.run), dst, args.at)
+        if args.from_broker not in views:
+            print(f"treefed explain: no broker {args.from_broker!r} in {args.run}",
+                  file=sys.stderr)
+            return 2
+        result = explain.trace(views, args.from_broker)
+        print(json.dumps(result, indent=1, default=str) if args.json
+              else explain.render(result, dst), end="\n" if args.json else "")
+        return 0
     root = args.root or args.from_broker
     if "://" not in root and ":(" not in root:
         print("treefed explain: --root URI is needed when --from names a broker id",

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["explain_view", "trace", "render", "REASONS"]
+__all__ = ["explain_view", "views_from_events", "read_run", "trace", "render", "REASONS"]
 
 REASONS = ("ttl", "loop", "filter", "tree_rule", "no_demand", "link_down", "permission",
            "unreachable")
@@ -97,6 +97,97 @@ def explain_view(node: Any, dst: str) -> dict:
             "local_only": broker.policies.for_destination(dst).local_only,
             "route_unknown_up": bool(tree and tree.route_unknown_up),
             "local_consumers": local, "entries": entries, "links": links}
+
+
+# --------------------------------------------------------------------------- a run directory
+
+def read_run(run_dir: Any) -> Any:
+    """The events of a scenario run directory (``events.jsonl.gz`` and its parts, in
+    order), one dict each."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    folder = Path(run_dir)
+    files = sorted(folder.glob("events*.jsonl.gz")) + sorted(folder.glob("events*.jsonl"))
+    if not files:
+        from treefed.errors import LocalError
+
+        raise LocalError(f"{folder}: no events.jsonl.gz (not a scenario run directory?)",
+                         code="bad_request")
+    for path in files:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    yield json.loads(line)
+
+
+def views_from_events(events: Any, dst: str, at: float | None = None) -> dict[str, dict]:
+    """Brokers' views of ``dst`` rebuilt from a run's event log, as they stood at time
+    ``at`` (default: the end).  The log has no link settings, so no ttl / filter is
+    checked on the message side; instead every ``advisory.dropped`` is kept, and it names
+    the exact refusal that kept a consumer's interest away."""
+    from treefed.core.destinations import matches, parse_destination
+
+    dst = parse_destination(dst)
+    brokers: dict[str, dict] = {}
+
+    def view(b: str) -> dict:
+        v = brokers.get(b)
+        if v is None:
+            v = brokers[b] = {"broker": b, "dst": dst, "node_type": None, "local_only": False,
+                              "route_unknown_up": False, "local": {}, "demand": {},
+                              "links_by_key": {}, "dropped_advisories": []}
+        return v
+
+    for e in events:
+        if at is not None and e.get("ts", 0.0) > at:
+            break
+        kind, b = e.get("event"), e.get("broker")
+        if not b or not kind:
+            continue
+        if kind == "broker.info":
+            v = view(b)
+            v["node_type"] = e.get("node_type")
+            v["route_unknown_up"] = e.get("node_type") in ("leaf", "branch")
+            v["parent"] = e.get("parent")
+        elif kind == "consumer.added" and matches(e["dst"], dst):
+            view(b)["local"][e["consumer"]] = e["dst"]
+        elif kind == "consumer.removed":
+            view(b)["local"].pop(e["consumer"], None)
+        elif kind == "demand.created" and matches(e["dst"], dst):
+            view(b)["demand"][(e["link"], e["peer"], e["consumer"])] = e
+        elif kind == "demand.removed":
+            view(b)["demand"].pop((e["link"], e["peer"], e["consumer"]), None)
+        elif kind in ("link.up", "link.down"):
+            lane = "tree" if e.get("connector") == "tree" else "mesh"   # side: below
+            view(b)["links_by_key"][(e["link"], e["peer"])] = {
+                "link": e["link"], "peer": e["peer"], "lane": lane,
+                "state": "operational" if kind == "link.up" else "down",
+                "message_ttl": -1, "consumer_ttl": -1, "filter": None}
+        elif kind == "advisory.dropped" and e.get("kind") == "add" \
+                and matches(e["dst"], dst):
+            view(b)["dropped_advisories"].append(
+                {"peer": e["peer"], "link": e["link"], "consumer": e["consumer"],
+                 "reason": e["reason"], "ts": e["ts"]})
+    out = {}
+    for b, v in brokers.items():
+        for link in v["links_by_key"].values():
+            if link["lane"] == "tree":   # broker.info named the parent
+                link["lane"] = "parent" if link["peer"] == v.get("parent") else "child"
+        out[b] = {"broker": b, "dst": dst, "node_type": v["node_type"], "local_only": False,
+                  "route_unknown_up": v["route_unknown_up"],
+                  "local_consumers": [{"consumer": c, "pattern": p, "selector": None}
+                                      for c, p in v["local"].items()],
+                  "entries": [{"link": d["link"], "conn": None, "peer": d["peer"],
+                               "consumer": d["consumer"], "origin": d["origin"],
+                               "pattern": d["dst"], "path": [d["origin"], "...", b],
+                               "selector": None, "active": True}
+                              for d in v["demand"].values()],
+                  "links": list(v["links_by_key"].values()),
+                  "dropped_advisories": v["dropped_advisories"]}
+    return out
 
 
 # --------------------------------------------------------------------------- the replay
@@ -195,11 +286,22 @@ def trace(views: dict[str, dict], start: str, *, max_steps: int = 100_000) -> di
                 continue
             unreached.append({"consumer": c["consumer"], "broker": broker,
                               **_why_not(views, c["consumer"], broker, refused, visited)})
-    return {"from": start, "reached": reached, "refused": refused, "unreached": unreached}
+    dst = next((v["dst"] for v in views.values() if v is not None), None)
+    return {"from": start, "dst": dst, "reached": reached, "refused": refused,
+            "unreached": unreached}
 
 
 def _why_not(views: dict, consumer: str, home: str, refused: list[dict],
              visited: set[str]) -> dict:
+    # a run's log says exactly where the consumer's advisory was refused on its way
+    # towards the brokers the message visited
+    others = sorted(b for b in views if b not in visited)
+    for b in [*sorted(visited), *others]:
+        view = views.get(b)
+        for d in (view or {}).get("dropped_advisories", ()):
+            if d["consumer"] == consumer:
+                return {"reason": d["reason"], "detail": f"its advisory was dropped at {b} "
+                        f"on link {d['link']} with {d['peer']} (t={d['ts']:g})"}
     for r in refused:
         if consumer in r["consumers"] or (r["to"] == home and not r["consumers"]):
             return {"reason": r["reason"], "detail": f"at {r['at']} towards {r['to']}"
@@ -243,7 +345,7 @@ def _why_not(views: dict, consumer: str, home: str, refused: list[dict],
 # --------------------------------------------------------------------------- output
 
 def render(result: dict, dst: str) -> str:
-    lines = [f"{dst} sent at {result['from']}:"]
+    lines = [f"{result.get('dst', dst)} sent at {result['from']}:"]
     for consumer, r in sorted(result["reached"].items()):
         lines.append(f"  REACHES {consumer} at {r['broker']}")
         for hop in r["hops"]:
