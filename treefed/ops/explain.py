@@ -286,7 +286,7 @@ def trace(views: dict[str, dict], start: str, *, max_steps: int = 100_000) -> di
                 continue
             unreached.append({"consumer": c["consumer"], "broker": broker,
                               **_why_not(views, c["consumer"], broker, refused, visited)})
-    dst = next((v["dst"] for v in views.values() if v is not None), None)
+    dst = next((v.get("dst") for v in views.values() if v is not None), None)
     return {"from": start, "dst": dst, "reached": reached, "refused": refused,
             "unreached": unreached}
 
