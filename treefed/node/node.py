@@ -282,6 +282,7 @@ class BrokerNode:
         # accepted links that went down and have not come back (peer -> what we knew):
         # the peer dialed us, so nothing else here remembers it; `treefed map` shows it cut
         self.lost_links: dict[str, dict] = {}
+        self._nursery: trio.Nursery | None = None   # serve's: dial loops started later
 
     def _connectors(self) -> list[tuple[LinkSettings, str, str, tuple[str, str]]]:
         out = []
@@ -983,6 +984,9 @@ class BrokerNode:
 
     def add_connector(self, nc: Any) -> list[Dialer]:
         """Start dialing a new network connector (validated config)."""
+        if self._nursery is None:
+            raise TreefedError("the broker is not serving yet: no link can be started",
+                               code="bad_request")
         added = []
         for target, name in _dial_targets(nc.uri, "network_connector.uri"):
             d = Dialer(nc.link_settings(), target, name, username=nc.username or None,
