@@ -21,7 +21,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from treefed.config import parse_config  # noqa: E402
 from treefed.log import configure_logging  # noqa: E402
 from treefed.node import BrokerNode  # noqa: E402
-from treefed.wire.frames import PROTOCOL_VERSION, Hello, Subscribe  # noqa: E402
+from treefed.wire.frames import Subscribe  # noqa: E402
 
 
 def config(broker_id: str, folder: str, parent: str | None, node_type: str) -> object:

@@ -27,9 +27,7 @@ import dataclasses
 from typing import Any
 
 from treefed.config import BrokerConfig, load_config, parse_config
-from treefed.core.actions import Close
 from treefed.errors import ConfigError, LocalError
-from treefed.wire.frames import Bye
 
 __all__ = ["link_add", "link_del", "link_list", "reload", "LIVE"]
 

@@ -24,7 +24,7 @@ import html
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 import trio
 
