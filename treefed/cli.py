@@ -21,6 +21,7 @@ Exit status: 0 success, 1 runtime failure (broker unreachable, refused request),
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import math
@@ -50,8 +51,13 @@ _DELEGATED_HELP = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import treefed
+
     parser = argparse.ArgumentParser(
-        prog="treefed", description="Broker federation for organisations shaped like a tree.")
+        prog="treefed", description="Broker federation for organisations shaped like a tree.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version",
+                        version=f"treefed {treefed.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("broker", help="run one site's broker")
@@ -88,9 +94,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stdin", action="store_true",
                    help="read the password from one line of stdin (no prompt)")
 
+    from treefed.ops import cli as ops_cli
+
+    ops_cli.add_commands(sub, _connection_options)
+
     for name in _DELEGATED:
         p = sub.add_parser(name, help=_DELEGATED_HELP[name], add_help=False)
         p.add_argument("args", nargs=argparse.REMAINDER)
+    # `treefed --help` lists every sub-command's options, not only their names
+    usages = []
+    for name, p in sub.choices.items():
+        if name in _DELEGATED:
+            usages.append(f"  treefed {name} ...   (options: treefed {name} --help)")
+        elif name in ops_cli.NESTED:
+            for q in ops_cli.NESTED[name](p).values():
+                usages.append("  " + " ".join(q.format_usage().split())[len("usage: "):])
+        else:
+            usages.append("  " + " ".join(p.format_usage().split())[len("usage: "):])
+    parser.epilog = "sub-commands and their options:\n" + "\n".join(usages)
     return parser
 
 
@@ -279,6 +300,14 @@ def _main(argv: Sequence[str] | None) -> int:
         return _run_client(_stat, args)
     if args.command == "passwd":
         return _passwd(args)
+    from treefed.ops import cli as ops_cli
+
+    if args.command in ops_cli.COMMANDS:   # wait, map, explain, link, reload
+        problem = ops_cli.check(args)
+        if problem:
+            print(f"treefed {args.command}: {problem}", file=sys.stderr)
+            return 2
+        return _run_client(functools.partial(ops_cli.run, connect=_connect), args)
     return _delegate(args.command, args.args)  # pragma: no cover - handled above
 
 

@@ -57,6 +57,7 @@ __all__ = [
     "PermissionConfig",
     "TlsConfig",
     "TreeScopeConfig",
+    "MonitorSection",
     "LOG_LEVELS",
     "load_config",
     "parse_config",
@@ -92,6 +93,17 @@ class LoggingSection:
     level: str = "info"              # one of LOG_LEVELS
     file: str = ""                   # "" = stderr
     message_events: bool = False     # per-message events: debug volume, off in production
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorSection:
+    """``[monitor]``: the HTTP monitoring endpoints (``treefed.monitor``); off when
+    ``listen`` is empty."""
+
+    listen: str = ""                 # "host:port", "http://host:port" or "https://host:port"
+    #                                  (https: the [security.tls] certificate)
+    basic_auth: bool = False         # HTTP basic auth against [[security.user]]; only
+    #                                  users with admin on ">" pass (/healthz stays open)
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +301,7 @@ class BrokerConfig:
     network_connectors: tuple[NetworkConnectorConfig, ...]
     source_path: str | None = None   # the file it came from; None when parsed from a dict
     security: SecurityConfig = SecurityConfig()
+    monitor: MonitorSection = MonitorSection()
 
     def policy_set(self) -> Any:
         """The ``[[policy]]`` list as a ``core.policy.PolicySet`` (first match wins)."""
@@ -601,7 +614,30 @@ _TREE_SCOPE: dict[str, tuple[Checker, Any]] = {
 _SECURITY_TABLES = ("user", "permission", "tls", "tree")
 
 _SECTIONS = ("broker", "logging", "policy", "tree_connector", "network_connector",
-             "security")
+             "security", "monitor")
+
+
+def _monitor_listen(value: Any, key: str) -> str:
+    """``host:port`` (plain HTTP), ``http://host:port`` or ``https://host:port``."""
+    text = _string(value, key)
+    if not text:
+        return text
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "http", text
+    if scheme.lower() not in ("http", "https"):
+        raise ConfigError(key, f"must be host:port, http://host:port or https://host:port, "
+                               f"got {_show(text)}")
+    from treefed.transport.uri import parse_uri
+
+    parse_uri(f"tcp://{rest}", key=key, listen=True)
+    return text
+
+
+_MONITOR: dict[str, tuple[Checker, Any]] = {
+    "listen": (_monitor_listen, ""),
+    "basic_auth": (_bool, False),
+}
 
 
 def _resolve_ttls(values: dict) -> dict:
@@ -706,8 +742,15 @@ def _parse(data: dict, source: str) -> BrokerConfig:
         if text.lower().startswith("ssl://") and not security.tls.cert:
             raise ConfigError("security.tls.cert", f"required by the ssl:// listener "
                                                    f"broker.listen[{i}]")
+    monitor = MonitorSection(**_check_table(data.get("monitor", {}), _MONITOR, "monitor"))
+    if monitor.listen.lower().startswith("https:") and not security.tls.cert:
+        raise ConfigError("security.tls.cert", "required by the https:// monitor.listen")
+    if monitor.basic_auth and not security.users:
+        raise ConfigError("monitor.basic_auth", "no [[security.user]] is configured: "
+                                                "nobody could log in")
     return BrokerConfig(broker, logging, policies, tree, tuple(mesh),
-                        source_path=None if base is None else source, security=security)
+                        source_path=None if base is None else source, security=security,
+                        monitor=monitor)
 
 
 def _parse_security(data: Any, resolve: Callable[[str], str]) -> SecurityConfig:
@@ -807,4 +850,6 @@ def dump_config(config: BrokerConfig) -> str:
         parts += [_toml_table("[[security.permission]]", p) for p in sec.permissions]
         parts.append(_toml_table("[security.tls]", sec.tls))
         parts.append(_toml_table("[security.tree]", sec.tree))
+    if config.monitor != MonitorSection():
+        parts.append(_toml_table("[monitor]", config.monitor))
     return "\n".join(parts)

@@ -44,7 +44,8 @@ from treefed.core.actions import SharedFields
 from treefed.errors import ConfigError
 from treefed.events import SCHEMA_VERSION
 
-__all__ = ["configure_logging", "get_logger", "add_schema_version", "EventWriter", "part_path"]
+__all__ = ["configure_logging", "get_logger", "add_schema_version", "EventWriter", "part_path",
+           "set_level", "reopen_log_file"]
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
@@ -78,7 +79,7 @@ def configure_logging(level: str = "info", *, file: str | os.PathLike | IO[str] 
     if file is None or file == "":
         stream: IO[str] = sys.stderr
     elif isinstance(file, (str, os.PathLike)):
-        stream = _owned_file = open(file, "a", encoding="utf-8")
+        stream = _owned_file = _ReopenableFile(file)  # type: ignore[assignment]
     else:
         stream = file
     if json is None:
@@ -372,3 +373,48 @@ class EventWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def set_level(level: str) -> None:
+    """Change the level of loggers made from now on (a live reload); the output stays."""
+    try:
+        min_level = _LEVELS[level.lower()]
+    except (KeyError, AttributeError):
+        raise ConfigError("logging.level", f"must be one of {', '.join(_LEVELS)}, "
+                                           f"got {level!r}") from None
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(min_level))
+
+
+def reopen_log_file() -> bool:
+    """Reopen the log file ``configure_logging`` opened (after logrotate moved it); the
+    loggers already made keep writing, now to the new file.  False when logging goes
+    to a stream we did not open."""
+    if isinstance(_owned_file, _ReopenableFile):
+        _owned_file.reopen()
+        return True
+    return False
+
+
+class _ReopenableFile:
+    """A text file opened for appending whose underlying file can be swapped in place:
+    structlog's loggers hold this object, not the file, so a reopen reaches them all."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = path
+        self._file = open(path, "a", encoding="utf-8")
+
+    def write(self, text: str) -> int:
+        return self._file.write(text)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def reopen(self) -> None:
+        old, self._file = self._file, open(self.path, "a", encoding="utf-8")
+        old.close()
+
+    def close(self) -> None:
+        self._file.close()

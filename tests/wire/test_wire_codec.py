@@ -13,6 +13,7 @@ from treefed.wire import (
     PROTOCOL_VERSION,
     SPECS,
     Ack,
+    Admin,
     Advisory,
     Bye,
     Deliver,
@@ -54,6 +55,7 @@ MINIMAL = [
     ForwardAck(ids=[]),
     StatRequest(),
     StatReply(),
+    Admin("link.list"),
 ]
 
 #: One instance per frame type with every field set away from its default.
@@ -83,6 +85,7 @@ FULL = [
     ForwardAck(ids=["m1", "m2"]),
     StatRequest(what="links"),
     StatReply(data={"links": [{"peer": "hq", "up": True}], "depth": 3, "raw": b"\x01"}),
+    Admin("link.add", {"name": "m1", "uri": "tcp://h:1", "excluded": ["queue://X"]}),
 ]
 
 

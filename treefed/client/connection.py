@@ -59,7 +59,7 @@ from treefed.transport.uri import Endpoint, Failover, parse_uri
 from treefed.transport.framed import FramedStream
 from treefed.transport.streams import open_tcp
 from treefed.wire.codec import DEFAULT_MAX_FRAME, check_hello
-from treefed.wire.frames import (PROTOCOL_VERSION, Ack, Bye, Deliver, Error, Hello, Nack,
+from treefed.wire.frames import (PROTOCOL_VERSION, Ack, Admin, Bye, Deliver, Error, Hello, Nack,
                                  Ping, Pong, Receipt, Send, StatReply, StatRequest,
                                  Subscribe, Unsubscribe)
 
@@ -563,6 +563,17 @@ class Connection:
         waiter = _Waiter()
         self._stat_waiters.append(waiter)
         self._queue(StatRequest(what))
+        return await waiter.wait()
+
+    async def admin(self, command: str, **args: Any) -> dict:
+        """Run an admin command (``link.add``, ``link.del``, ``link.list``, ``reload``)
+        on the broker; its result, or the broker's RemoteError when it refused."""
+        self._check_open()
+        if not self._ready.is_set():
+            await self._wait_ready()
+        waiter = _Waiter()
+        self._stat_waiters.append(waiter)   # answered in order, like stat
+        self._queue(Admin(command, args))
         return await waiter.wait()
 
     async def flush(self) -> None:

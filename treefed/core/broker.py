@@ -256,6 +256,11 @@ class Broker:
         #                                           so order by timestamp is send order
         self._dropped: dict[str, int] = {}        # reason -> messages dropped
         self._dead_lettered = 0
+        # running totals for monitoring (counters only ever grow; the monitor exports them)
+        self.produced = 0                         # sends accepted from local producers
+        self.received = 0                         # forwards accepted from peer brokers
+        self.delivered = 0                        # deliveries to local consumers
+        self.forwarded = 0                        # forwards to peer brokers
         self._handlers: dict[type, Callable[[str, Any, float], list]] = {
             Send: self.send,
             Subscribe: self._on_subscribe,
@@ -579,6 +584,23 @@ class Broker:
 
     # ------------------------------------------------------------------ statistics
 
+    def set_policies(self, policies: PolicySet) -> None:
+        """Replace the destination policies (a live reload): existing destinations take
+        their new policy at once; messages already held stay (limits apply to what
+        arrives next)."""
+        self.policies = policies
+        for d in self._dests.values():
+            policy = policies.for_destination(d.name)
+            d.policy = policy
+            d.limited = policy.limited
+            d.local_only = policy.local_only or d.name == self.dlq
+
+    def destination_sizes(self) -> list[tuple[str, int, int, int]]:
+        """``(name, depth, bytes, consumers)`` per destination: what monitoring scrapes,
+        without the copy of every consumer that ``statistics`` makes."""
+        return [(d.name, len(d.pending), d.bytes, len(d.consumers))
+                for d in self._dests.values()]
+
     def statistics(self) -> dict:
         """JSON-able snapshot: connections, destinations, consumers, drop counters."""
         dests = {
@@ -602,6 +624,8 @@ class Broker:
             "consumers": consumers,
             "dropped": dict(self._dropped),
             "dead_lettered": self._dead_lettered,
+            "messages": {"produced": self.produced, "received": self.received,
+                         "delivered": self.delivered, "forwarded": self.forwarded},
             "parked": sum(len(cs.parked) for cs in self._conns.values() if cs.parked),
             "index": self._subs.statistics(),
         }
@@ -738,6 +762,7 @@ class Broker:
                 out.append(StoreMessage(m))
         if f.receipt:
             out.append(Out(cs.name, Receipt(f.id)))
+        self.produced += 1
         if self.log_messages:
             out.append(Log("message.produced", {"msg": m.id, "dst": d.name}))
         if d.topic:
@@ -787,6 +812,7 @@ class Broker:
             if m.persistent and d.stored:
                 out.append(StoreMessage(m))
         out.append(Out(cs.name, ForwardAck([f.id])))   # after the store: see actions.py
+        self.received += 1
         if d.topic:
             self._fanout(d, m, now, out)
         else:
@@ -1093,6 +1119,7 @@ class Broker:
         c.delivered += 1
         d.inflight += 1
         if c.peer is None:
+            self.delivered += 1
             out.append(Out(c.conn, Deliver(c.sub_id, m.id, m.dst, m.headers, m.body,
                                            m.persistent, m.priority, m.redelivered,
                                            m.reply_to, m.timestamp, m.expires)))
@@ -1101,6 +1128,7 @@ class Broker:
                                {"msg": m.id, "dst": m.dst, "consumer": c.gid}))
         else:
             c.cs.forwarded[m.id] = c
+            self.forwarded += 1
             path = [*m.path, self.broker_id]
             out.append(Out(c.conn, Forward(m.dst, m.id, path, m.headers, m.body, m.persistent,
                                            m.priority, m.expires, m.reply_to, m.timestamp,

@@ -102,8 +102,9 @@ from treefed.transport.streams import connect_with_retry, open_tcp, peer_address
 from treefed.transport.tls import peer_identity, serve_tls
 from treefed.transport.uri import Endpoint, Failover, Static, parse_uri
 from treefed.wire.codec import check_hello
-from treefed.wire.frames import (PROTOCOL_VERSION, Bye, Deliver, Error, Forward, ForwardAck,
-                                 Hello, Ping, Pong, Receipt, Send, StatReply, StatRequest)
+from treefed.wire.frames import (PROTOCOL_VERSION, Admin, Bye, Deliver, Error, Forward,
+                                 ForwardAck, Hello, Ping, Pong, Receipt, Send, StatReply,
+                                 StatRequest)
 
 __all__ = ["BrokerNode", "Dialer", "CLIENT_HIGH_WATER", "LINK_HIGH_WATER",
            "GC_YOUNG_THRESHOLD"]
@@ -126,6 +127,8 @@ GC_YOUNG_THRESHOLD = 10_000
 #: Password checks (scrypt: ~16 MiB and ~0.1 s each) running at once, so a flood of
 #: logins costs bounded memory and leaves CPU for the traffic.
 AUTH_THREADS = 4
+#: Accepted links remembered after they went down (``lost_links``), oldest dropped first.
+LOST_LINKS = 10_000
 
 _EOF = object()          # inbox marker: the peer closed or the socket broke
 _PENDING, _CLIENT, _LINK = "pending", "client", "link"
@@ -142,7 +145,7 @@ class _Conn:
 
     __slots__ = ("id", "kind", "framed", "out", "wake", "high_water", "paused", "resume",
                  "closing", "dead", "writer_done", "hello", "dialer", "peer",
-                 "remote", "opened", "last_rx", "pinged", "user", "guard", "scope")
+                 "remote", "opened", "last_rx", "pinged", "user", "guard", "scope", "rtt")
 
     def __init__(self, conn_id: str, framed: FramedStream, remote: str,
                  dialer: Dialer | None) -> None:
@@ -168,6 +171,7 @@ class _Conn:
         self.guard: Guard | None = None     # frame screen; None = nothing to check
         self.scope: trio.CancelScope | None = None  # its tasks: a dead peer is cut off
         #                                     at once (a half-open socket never drains)
+        self.rtt: float | None = None       # seconds from our last ping to its pong
 
     def queue(self, frame: Any) -> None:
         self.out.append(frame)
@@ -192,6 +196,8 @@ class Dialer:
     last_error: str | None = None
     username: str | None = None     # credentials for our hello (None: none / certificate)
     password: str | None = None
+    removed: bool = False           # an operator deleted it: stop dialing (node/admin.py)
+    scope: Any = None               # cancels its dial loop while it waits to reconnect
 
     def status(self) -> dict:
         return {"connector": self.settings.kind, "name": self.settings.name,
@@ -270,6 +276,13 @@ class BrokerNode:
         self.commits = 0            # store transactions
         self.store_full = False     # the last commit found the store full: persistent
         #                             sends are refused at the door until a delete commits
+        self.started = time.time()  # monitoring: uptime
+        self.heartbeat_misses = 0   # connections torn down for an unanswered ping
+        self.monitor: Any = None    # treefed.monitor.Monitor when [monitor] listen is set
+        # accepted links that went down and have not come back (peer -> what we knew):
+        # the peer dialed us, so nothing else here remembers it; `treefed map` shows it cut
+        self.lost_links: dict[str, dict] = {}
+        self._nursery: trio.Nursery | None = None   # serve's: dial loops started later
 
     def _connectors(self) -> list[tuple[LinkSettings, str, str, tuple[str, str]]]:
         out = []
@@ -327,8 +340,14 @@ class BrokerNode:
                                            for e in dialer.target.endpoints):
                     self.log.warning("security.plaintext_password", link=dialer.uri,
                                      hint="use an ssl:// connector URI")
+            self._nursery = nursery
             for dialer in self.dialers:
-                nursery.start_soon(self._dial_loop, dialer)
+                self._start_dialer(dialer)
+            if self.config.monitor.listen:
+                from treefed.monitor import Monitor
+
+                self.monitor = Monitor(self)
+                await nursery.start(self.monitor.serve)
             if b.heartbeat_interval > 0:
                 nursery.start_soon(self._heartbeats, b.heartbeat_interval)
             task_status.started(list(self.addresses))
@@ -383,6 +402,8 @@ class BrokerNode:
             hello = self.site.hello(dialer.settings)
             if dialer.username is not None:
                 hello.username, hello.password = dialer.username, dialer.password
+            if self.addresses:   # where the peer (and `treefed map`) can reach us
+                hello.options = {**hello.options, "listen": self.listen_uris()}
             c.queue(hello)
         self._conns[c.id] = c
         try:
@@ -504,7 +525,7 @@ class BrokerNode:
                 self.log.info("link.dial_failed", link=dialer.settings.name,
                               endpoint=str(endpoint), error=error.message)
 
-        while not self._stopping:
+        while not self._stopping and not dialer.removed:
             try:
                 stream, _ = await connect_with_retry(dialer.target, backoff, self._rng,
                                                      on_attempt=on_attempt,
@@ -540,6 +561,7 @@ class BrokerNode:
                     if now - c.pinged >= interval:
                         self.log.warning("conn.dead", conn=c.id, remote=c.remote,
                                          silent=round(silent, 3))
+                        self.heartbeat_misses += 1
                         if c.dialer is not None:
                             c.dialer.last_error = f"peer silent for {silent:.1f} s " \
                                                   "(heartbeat)"
@@ -605,12 +627,16 @@ class BrokerNode:
             elif kind is StatRequest:
                 if c.guard is None or c.guard.screen(cid, frame, actions):
                     actions.append(Out(cid, StatReply(self.statistics())))
+            elif kind is Admin:
+                if c.guard is None or c.guard.screen(cid, frame, actions):
+                    actions.append(Out(cid, self._admin(frame, now, actions)))
             elif kind is Bye:
                 self.log.info("conn.bye", conn=cid, peer=c.peer, reason=frame.reason)
                 actions.append(Close(cid))
                 return
             elif kind is Pong:
-                pass
+                if c.pinged is not None:
+                    c.rtt = c.last_rx - c.pinged
             elif kind is Hello:
                 actions.append(Out(cid, Error("bad_frame", "hello was already exchanged")))
             else:
@@ -699,7 +725,20 @@ class BrokerNode:
             c.dialer.last_error = None
         else:
             c.guard = self._link_guard(c, hello)
+            self.lost_links.pop(peer, None)
         actions += result
+
+    def _remember_lost(self, c: _Conn, now: float) -> None:
+        bridge = self.site.bridge(c.id)
+        listen = c.hello.options.get("listen") if c.hello is not None else None
+        self.lost_links.pop(c.peer, None)
+        if len(self.lost_links) >= LOST_LINKS:
+            del self.lost_links[next(iter(self.lost_links))]
+        self.lost_links[c.peer] = {
+            "peer": c.peer, "link": bridge.name if bridge is not None else None,
+            "lane": bridge.lane if bridge is not None else None, "remote": c.remote,
+            "listen": [u for u in listen if isinstance(u, str)][:8]
+            if isinstance(listen, list) else [], "since": round(now, 3)}
 
     def _link_guard(self, c: _Conn, hello: Hello) -> Guard | None:
         """The screen of an accepted link: the peer user's permissions and, for a tree
@@ -760,6 +799,8 @@ class BrokerNode:
         if c.kind is _CLIENT:
             actions += self.site.client_closed(c.id, now)
         elif c.kind is _LINK:
+            if c.dialer is None and not self._stopping:
+                self._remember_lost(c, now)
             actions += self.site.link_down(c.id, now)
         if c.writer_done.is_set() and self._conns.get(c.id) is c:
             del self._conns[c.id]
@@ -897,19 +938,138 @@ class BrokerNode:
         else:
             self.log.info(event, **a.fields)
 
+    # ------------------------------------------------------------------ runtime changes
+    def _admin(self, frame: Admin, now: float, actions: list) -> Any:
+        """Run an operator's command (node/admin.py); the reply, or an Error."""
+        from treefed.node import admin
+
+        try:
+            if frame.command == "link.list":
+                return StatReply(admin.link_list(self))
+            if frame.command == "link.add":
+                return StatReply(admin.link_add(self, frame.args))
+            if frame.command == "link.del":
+                return StatReply(admin.link_del(self, frame.args.get("name"), now, actions))
+            if frame.command == "reload":
+                return StatReply(admin.reload(self, now, actions))
+            if frame.command == "explain":
+                from treefed.ops.explain import explain_view
+
+                return StatReply(explain_view(self, str(frame.args.get("dst", ""))))
+            raise TreefedError(f"unknown admin command {frame.command!r} (link.add, "
+                               "link.del, link.list, reload)", code="bad_request")
+        except TreefedError as exc:
+            self.log.warning("admin.refused", command=frame.command, error=exc.message)
+            return Error(exc.code, exc.message, "stat")
+
+    async def reload(self) -> dict:
+        """Re-read the config file (SIGHUP), between two batches of the site task.
+        Raises TreefedError (nothing changed) when it cannot be applied."""
+        from treefed.node import admin
+
+        async with self._batch_lock:
+            now = time.time()
+            actions: list = []
+            result = admin.reload(self, now, actions)
+            await self._perform(actions, now)
+        return result
+
+    def _start_dialer(self, dialer: Dialer) -> None:
+        async def run() -> None:
+            with trio.CancelScope() as scope:
+                dialer.scope = scope
+                await self._dial_loop(dialer)
+
+        self._nursery.start_soon(run)
+
+    def add_connector(self, nc: Any) -> list[Dialer]:
+        """Start dialing a new network connector (validated config)."""
+        if self._nursery is None:
+            raise TreefedError("the broker is not serving yet: no link can be started",
+                               code="bad_request")
+        added = []
+        for target, name in _dial_targets(nc.uri, "network_connector.uri"):
+            d = Dialer(nc.link_settings(), target, name, username=nc.username or None,
+                       password=nc.password or None)
+            if self._client_ssl is None and any(e.scheme == "ssl"
+                                                for e in target.endpoints):
+                self._client_ssl = self.config.security.tls.client_context()
+            self.dialers.append(d)
+            added.append(d)
+            self._start_dialer(d)
+        self.config = dataclasses.replace(
+            self.config, network_connectors=(*self.config.network_connectors, nc))
+        return added
+
+    def remove_connector(self, name: str, now: float, actions: list) -> list[dict]:
+        """Stop a network connector: no more dialing; its live link says bye and goes
+        down (its unacked forwards are requeued by the Site, as for any lost link)."""
+        removed = []
+        for d in [d for d in self.dialers if d.settings.name == name
+                  and d.settings.kind == "mesh"]:
+            d.removed = True
+            c = self._conns.get(d.conn) if d.conn is not None else None
+            if c is not None and not c.dead:
+                actions.append(Close(c.id, Bye("link removed by an operator")))
+            elif d.scope is not None:
+                d.scope.cancel()     # waiting to (re)connect: nothing to close
+            self.dialers.remove(d)
+            removed.append(d.status())
+        self.config = dataclasses.replace(self.config, network_connectors=tuple(
+            nc for nc in self.config.network_connectors if nc.name != name))
+        return removed
+
+    def set_security(self, sec: Any) -> None:
+        """New users / permissions (a reload): new logins and every open connection's
+        screen use them from now on."""
+        self._auth = sec.authenticator() if sec.authentication else None
+        self._authz = sec.authorizer()
+        for c in self._conns.values():
+            if c.guard is not None:
+                c.guard.authz = self._authz
+
+    def set_logging(self, logging: Any) -> None:
+        from treefed.log import set_level
+
+        set_level(logging.level)
+        self.log = get_logger(broker=self.broker_id)
+        self._message_events = logging.message_events
+        self.site.broker.log_messages = logging.message_events
+
     # ------------------------------------------------------------------ statistics
+    def listen_uris(self) -> list[str]:
+        return [f"{scheme}://{h}:{p}" for scheme, (h, p) in zip(self._schemes, self.addresses)]
+
+    def connections(self) -> list[dict]:
+        """One dict per live connection (stat's ``conns``, the monitor's /connz).  A
+        link also shows the listeners its peer announced (``listen``) and the last
+        ping's round trip (``rtt``)."""
+        out = []
+        for c in self._conns.values():
+            if c.dead:
+                continue
+            info = {"conn": c.id, "kind": c.kind, "remote": c.remote, "peer": c.peer,
+                    "queued": len(c.out), "paused": c.paused, "since": round(c.opened, 3)}
+            if c.kind is _LINK:
+                info["rtt"] = round(c.rtt, 6) if c.rtt is not None else None
+                info["dialed"] = c.dialer is not None
+                listen = c.hello.options.get("listen") if c.hello is not None else None
+                if isinstance(listen, list):
+                    info["listen"] = [u for u in listen if isinstance(u, str)][:8]
+            if c.user is not None:
+                info["user"] = c.user
+            out.append(info)
+        return out
+
     def statistics(self) -> dict:
         """The Site's statistics plus the node's own: listeners, connectors, connections."""
         stats = self.site.statistics()
         stats["name"] = self.config.broker.name
         stats["node_type"] = self.site.node_type
-        stats["listeners"] = [f"{scheme}://{h}:{p}"
-                              for scheme, (h, p) in zip(self._schemes, self.addresses)]
+        stats["listeners"] = self.listen_uris()
         stats["connectors"] = [d.status() for d in self.dialers]
-        stats["conns"] = [{"conn": c.id, "kind": c.kind, "remote": c.remote, "peer": c.peer,
-                           "queued": len(c.out), "paused": c.paused,
-                           "since": round(c.opened, 3)}
-                          for c in self._conns.values() if not c.dead]
+        stats["conns"] = self.connections()
+        stats["lost_links"] = list(self.lost_links.values())
         stats["batches"] = self.batches
         stats["commits"] = self.commits
         stats["store_full"] = self.store_full

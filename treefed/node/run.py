@@ -28,7 +28,7 @@ import trio
 
 from treefed.config import BrokerConfig
 from treefed.errors import TreefedError
-from treefed.log import configure_logging, get_logger
+from treefed.log import configure_logging, get_logger, reopen_log_file
 from treefed.node.node import BrokerNode
 from treefed.persistence import SqliteStore, acquire_lock, read_lock
 
@@ -42,15 +42,27 @@ async def serve_until_signal(node: BrokerNode,
                              signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
                              ) -> int:
     """Serve ``node`` until one of ``signals`` arrives, then stop gracefully.  Returns
-    the signal number."""
-    with trio.open_signal_receiver(*signals) as received:
+    the signal number.  SIGHUP reopens the log file (logrotate) and re-reads the config
+    file (``BrokerNode.reload``); a config that cannot be applied changes nothing."""
+    with trio.open_signal_receiver(*signals, signal.SIGHUP) as received:
         async with trio.open_nursery() as nursery:
             await nursery.start(node.serve)
             async for signum in received:
                 node.log.info("broker.signal", signal=signal.Signals(signum).name)
+                if signum == signal.SIGHUP and signum not in signals:
+                    await _reload(node)
+                    continue
                 await node.shutdown()
                 return signum
     return 0  # pragma: no cover - the receiver never ends by itself
+
+
+async def _reload(node: BrokerNode) -> None:
+    reopen_log_file()
+    try:
+        await node.reload()
+    except TreefedError as exc:
+        node.log.error("broker.reload_refused", error=exc.message)
 
 
 async def wait_for_lock(data_dir: str, owner: str, *, poll: float = SLAVE_POLL,

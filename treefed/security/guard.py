@@ -40,8 +40,8 @@ from treefed.core.destinations import parse_destination
 from treefed.errors import DestinationError
 from treefed.security.authz import DENIED, Authorizer, denied
 from treefed.security.tree_scope import ChildScope
-from treefed.wire.frames import Advisory, Error, Forward, ForwardAck, Send, StatRequest, \
-    Subscribe
+from treefed.wire.frames import (Admin, Advisory, Error, Forward, ForwardAck, Send,
+                                 StatRequest, Subscribe)
 
 __all__ = ["Guard", "STAT_REF"]
 
@@ -82,12 +82,12 @@ class Guard:
             return self._allowed(conn, "read", frame.dst, frame.id, out, wildcards=True)
         if kind is Advisory:
             return frame.kind != "add" or self._advisory(conn, frame, out)
-        if kind is StatRequest:
+        if kind is StatRequest or kind is Admin:
             if self.authz is None or self.authz.is_admin(self.user):
                 return True
+            what = "read broker statistics" if kind is StatRequest else "administer the broker"
             self._refuse(conn, "admin", ">", STAT_REF, out,
-                         message="not authorized to read broker statistics (needs admin "
-                                 "on >)")
+                         message=f"not authorized to {what} (needs admin on >)")
             return False
         return True
 

@@ -34,6 +34,7 @@ from treefed.wire.frames import (
     Receipt,
     Send,
     StatReply,
+    Admin,
     StatRequest,
     Subscribe,
     Unsubscribe,
@@ -70,4 +71,5 @@ __all__ = [
     "ForwardAck",
     "StatRequest",
     "StatReply",
+    "Admin",
 ]

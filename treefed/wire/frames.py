@@ -43,6 +43,7 @@ __all__ = [
     "ForwardAck",
     "StatRequest",
     "StatReply",
+    "Admin",
     "FieldSpec",
     "SPECS",
     "CODES",
@@ -239,6 +240,16 @@ class StatReply(Frame):
     data: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class Admin(Frame):
+    """An operator's request to change or inspect a running broker (``treefed link``,
+    ``treefed reload``): needs admin on ``>`` like StatRequest, answered in the same
+    order by a StatReply (the result) or an Error with ``ref="stat"``."""
+
+    command: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass(frozen=True, slots=True)
 class FieldSpec:
     name: str
@@ -289,13 +300,14 @@ _KINDS: dict[str, dict[str, str]] = {
     "ForwardAck": dict(ids="strlist"),
     "StatRequest": dict(what="str"),
     "StatReply": dict(data="map"),
+    "Admin": dict(command="str", args="map"),
 }
 
 #: frame class -> wire code. Codes are part of the protocol: never renumber.
 CODES: dict[type, int] = {
     Hello: 1, Send: 2, Subscribe: 3, Unsubscribe: 4, Ack: 5, Nack: 6, Deliver: 7,
     Receipt: 8, Ping: 9, Pong: 10, Error: 11, Bye: 12, Advisory: 20, Forward: 21,
-    ForwardAck: 22, StatRequest: 30, StatReply: 31,
+    ForwardAck: 22, StatRequest: 30, StatReply: 31, Admin: 32,
 }
 BY_CODE: dict[int, type] = {code: cls for cls, code in CODES.items()}
 SPECS: dict[type, tuple[FieldSpec, ...]] = {cls: _specs(cls) for cls in CODES}
