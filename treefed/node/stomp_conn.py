@@ -91,6 +91,11 @@ class StompStream:
             if out:
                 return out
             if session.state == "closed":
+                # After DISCONNECT: wait for the client to close, discarding anything
+                # else.  Reporting the end now could reach the site task in the same
+                # batch as the DISCONNECT and cut off its RECEIPT.
+                while await self._receive_some():
+                    pass
                 raise trio.EndOfChannel("STOMP session ended")
             data = await self._receive_some()
             if not data:
@@ -101,17 +106,25 @@ class StompStream:
             decoder.receive_data(data)
 
     async def _receive_some(self) -> bytes:
-        timeout = self.session.expect_every * HEARTBEAT_GRACE or float("inf")
+        """One read, bounded by the client's heart-beat period (re-armed when CONNECTED
+        settles it) and cut short when an ERROR went out."""
         with trio.CancelScope() as scope:
             self._read_scope = scope
-            with trio.move_on_after(timeout) as waited:
-                data = await self.stream.receive_some(RECEIVE_SIZE)
-            self._read_scope = None
-            if waited.cancelled_caught:
-                raise FrameError(f"no heart-beat from the client for {timeout:g} s",
-                                 code="heartbeat_timeout")
-            return data
-        raise trio.EndOfChannel("STOMP session ended (ERROR sent)")
+            self._arm(scope)
+            try:
+                return await self.stream.receive_some(RECEIVE_SIZE)
+            finally:
+                self._read_scope = None
+        if self.session.failed:
+            raise trio.EndOfChannel("STOMP session ended (ERROR sent)")
+        every = self.session.expect_every * HEARTBEAT_GRACE
+        raise FrameError(f"no heart-beat from the client for {every:g} s",
+                         code="heartbeat_timeout")
+
+    def _arm(self, scope: trio.CancelScope) -> None:
+        every = self.session.expect_every
+        scope.deadline = (trio.current_time() + every * HEARTBEAT_GRACE if every
+                          else float("inf"))
 
     # ------------------------------------------------------------------ writing
     async def send_frames(self, frames: Iterable) -> None:
@@ -128,6 +141,8 @@ class StompStream:
             if session.state == "connected" and not self._decoder.escapes:
                 self._decoder.escapes = session.version != "1.0"
                 self._hb_changed.set()
+                if self._read_scope is not None:   # the read in progress began before
+                    self._arm(self._read_scope)    # heart-beats were agreed
         acks = session.auto_acks(frames)
         if acks and self._inject is not None and not session.failed:
             await self._inject(acks)
