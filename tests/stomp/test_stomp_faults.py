@@ -13,7 +13,6 @@ import trio
 from treefed.client import connect
 from treefed.security.passwords import hash_password
 from treefed.stomp.codec import StompFrame
-from treefed.transport.tls import client_context
 
 from tests.stomp.helpers import Client, RawStomp, start_stomp_node, stomp, stomp_doc, \
     wait_for
