@@ -87,7 +87,10 @@ class Client:
         self.conn.set_listener("rec", self.rec)
 
     async def call(self, fn, *args, **kw) -> Any:
-        return await trio.to_thread.run_sync(lambda: fn(*args, **kw))
+        # abandoned on cancel: a test's fail_after ends a stuck client call (its thread
+        # is left to stomp.py's own socket timeout) instead of hanging the run
+        return await trio.to_thread.run_sync(lambda: fn(*args, **kw),
+                                             abandon_on_cancel=True)
 
     async def connect(self, login: str | None = None, passcode: str | None = None,
                       **headers) -> Client:

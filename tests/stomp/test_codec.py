@@ -190,4 +190,4 @@ class TestEncode:
 
 def test_unescape_backslash_pairs():
     """An escaped backslash next to an escape decodes correctly."""
-    assert unescape(b"a\\\\\\nb") == "a\\\nb"
+    assert unescape("a\\\\\\nb") == "a\\\nb"

@@ -6,13 +6,14 @@ ERROR and a close of that connection only."""
 from __future__ import annotations
 
 import functools
+import ssl
 
 import pytest
 import trio
 
 from treefed.client import connect
 from treefed.security.passwords import hash_password
-from treefed.stomp.codec import StompFrame
+from treefed.stomp.codec import StompFrame, encode
 
 from tests.stomp.helpers import Client, RawStomp, start_stomp_node, stomp, stomp_doc, \
     wait_for
@@ -208,9 +209,22 @@ class TestSecurity:
             [m] = await c.messages(1)
             assert m.body == "tls"
             await c.disconnect()
-            anonymous = Client(port, ssl={"ca_certs": pki.ca_path})
-            with pytest.raises(stomp.exception.ConnectFailedException):
-                await anonymous.connect()
+            # without a certificate: no session (a raw TLS peer, so the refusal cannot
+            # leave a blocking client thread waiting)
+            ctx = ssl.create_default_context(cafile=pki.ca_path)
+            tcp = await trio.open_tcp_stream("127.0.0.1", port)
+            tls = trio.SSLStream(tcp, ctx, server_hostname="127.0.0.1")
+            got = b""
+            try:
+                await tls.do_handshake()
+                await tls.send_all(encode(StompFrame("CONNECT", {"accept-version": "1.2",
+                                                                 "host": "h"})))
+                while data := await tls.receive_some(65536):
+                    got += data
+            except (trio.BrokenResourceError, ssl.SSLError):
+                pass
+            assert b"CONNECTED" not in got
+            await trio.aclose_forcefully(tls)
 
 
 class TestFlowControl:

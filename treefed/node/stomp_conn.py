@@ -36,6 +36,7 @@ import treefed
 from treefed.errors import FrameError
 from treefed.stomp.adapter import StompSession
 from treefed.stomp.codec import DEFAULT_MAX_BODY, StompDecoder, StompFrame, encode
+from treefed.wire.frames import Ack, Deliver
 
 __all__ = ["StompStream", "RECEIVE_SIZE", "HEARTBEAT_GRACE"]
 
@@ -131,10 +132,15 @@ class StompStream:
         session = self.session
         escapes = session.version != "1.0"
         chunks: list[bytes] = []
-        frames = list(frames)
+        message, auto = session.message, session.auto_subs
+        last: dict[str, str] = {}      # auto-ack subscription -> last message written
         for native in frames:
-            stomp, _ = session.send(native)
-            for f in stomp:
+            if type(native) is Deliver:             # the per-message case, inlined
+                chunks.append(encode(message(native), escapes=escapes))
+                if native.sub in auto:
+                    last[native.sub] = native.msg
+                continue
+            for f in session.send(native)[0]:
                 chunks.append(encode(f, escapes=escapes))
         if chunks:
             await self._write(b"".join(chunks))
@@ -143,9 +149,8 @@ class StompStream:
                 self._hb_changed.set()
                 if self._read_scope is not None:   # the read in progress began before
                     self._arm(self._read_scope)    # heart-beats were agreed
-        acks = session.auto_acks(frames)
-        if acks and self._inject is not None and not session.failed:
-            await self._inject(acks)
+        if last and self._inject is not None and not session.failed:
+            await self._inject([Ack(s, m, upto=True) for s, m in last.items()])
         if session.failed and self._read_scope is not None:
             self._read_scope.cancel()
 

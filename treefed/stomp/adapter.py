@@ -137,6 +137,7 @@ class StompSession:
         self.host: str | None = None
         self.login: str | None = None
         self._subs: dict[str, _Sub] = {}
+        self.auto_subs: set[str] = set()    # ids of the ack:auto subscriptions
         self._acks: dict[str, _Sub] = {}    # ack tag -> its subscription
         self._tx: dict[str, list[StompFrame]] = {}
         self._waits: dict[tuple[str, Any], str] = {}   # native confirmation -> receipt
@@ -250,6 +251,8 @@ class StompSession:
                              code="bad_header")
         priority = _int_header(h, "activemq.priority", 0)
         self._subs[sub_id] = _Sub(sub_id, ack)
+        if ack == "auto":
+            self.auto_subs.add(sub_id)
         self._wait(h.get("receipt"), [("r", sub_id)])
         return [Subscribe(sub_id, native_destination(dst, self.session_id),
                           h.get("selector") or None, prefetch, priority)]
@@ -262,6 +265,7 @@ class StompSession:
         sub = self._subs.pop(sub_id, None)
         if sub is None:
             raise FrameError(f"no subscription {sub_id!r}", code="no_such_subscription")
+        self.auto_subs.discard(sub_id)
         for tag in sub.unacked:
             self._acks.pop(tag, None)
         self._wait(h.get("receipt"), [("r", sub_id)])
@@ -396,7 +400,7 @@ class StompSession:
         """A native frame for this client -> (STOMP frames, native frames to feed back)."""
         kind = type(frame)
         if kind is Deliver:
-            return [self._message(frame)], []
+            return [self.message(frame)], []
         if kind is Receipt:
             return self._confirmed(("r", frame.id)), []
         if kind is Pong:
@@ -414,12 +418,10 @@ class StompSession:
         """The Acks that settle the ``ack:auto`` deliveries among ``frames`` (one
         cumulative Ack per subscription: the last message it was given)."""
         last: dict[str, str] = {}
-        subs = self._subs
+        auto = self.auto_subs
         for f in frames:
-            if type(f) is Deliver:
-                sub = subs.get(f.sub)
-                if sub is not None and sub.ack == "auto":
-                    last[f.sub] = f.msg
+            if type(f) is Deliver and f.sub in auto:
+                last[f.sub] = f.msg
         return [Ack(s, m, upto=True) for s, m in last.items()]
 
     def _connected(self, hello: Hello) -> StompFrame:
@@ -439,7 +441,8 @@ class StompSession:
             headers["session"] = self.session_id
         return StompFrame("CONNECTED", headers)
 
-    def _message(self, d: Deliver) -> StompFrame:
+    def message(self, d: Deliver) -> StompFrame:
+        """The MESSAGE frame for a delivery (client modes: its ack tag is recorded)."""
         prefix = self.session_id
         headers = {"subscription": d.sub, "message-id": d.msg,
                    "destination": stomp_destination(d.dst, prefix)}

@@ -29,6 +29,7 @@ frame with a body).  Nothing here knows what a frame means: ``adapter.py`` does.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -60,7 +61,9 @@ class _NeedData:
 
 NEED_DATA = _NeedData()
 
-_ESCAPES = {b"r": "\r", b"n": "\n", b"c": ":", b"\\": "\\"}
+_ESCAPES = {"r": "\r", "n": "\n", "c": ":", "\\": "\\"}
+_ESCAPE_SEQ = re.compile(r"\\(.?)", re.S)
+_SPECIAL = re.compile(r"[\\:\r\n]")
 
 
 @dataclass(slots=True)
@@ -72,32 +75,26 @@ class StompFrame:
     body: bytes = b""
 
 
-def unescape(raw: bytes) -> str:
+def _unescape_one(m: re.Match) -> str:
+    ch = _ESCAPES.get(m.group(1))
+    if ch is None:
+        seq = m.group(0)
+        raise FrameError(f"undefined escape sequence {seq!r} in a header"
+                         if len(seq) > 1 else "header ends inside an escape sequence",
+                         code="bad_header")
+    return ch
+
+
+def unescape(text: str) -> str:
     """Decode a 1.1/1.2 escaped header name or value; FrameError on an undefined escape."""
-    if b"\\" not in raw:
-        return raw.decode("utf-8")
-    out = []
-    parts = raw.split(b"\\")
-    out.append(parts[0].decode("utf-8"))
-    i = 1
-    while i < len(parts):
-        part = parts[i]
-        if part == b"":   # "\\\\": an escaped backslash spans two split parts
-            if i + 1 >= len(parts):
-                raise FrameError("header ends inside an escape sequence", code="bad_header")
-            out.append("\\" + parts[i + 1].decode("utf-8"))
-            i += 2
-            continue
-        ch = _ESCAPES.get(part[:1])
-        if ch is None or part[:1] == b"\\":
-            raise FrameError(f"undefined escape sequence \\{part[:1].decode('latin-1')} "
-                             "in a header", code="bad_header")
-        out.append(ch + part[1:].decode("utf-8"))
-        i += 1
-    return "".join(out)
+    if "\\" not in text:
+        return text
+    return _ESCAPE_SEQ.sub(_unescape_one, text)
 
 
 def escape(text: str) -> str:
+    if _SPECIAL.search(text) is None:
+        return text
     return (text.replace("\\", "\\\\").replace("\r", "\\r").replace("\n", "\\n")
             .replace(":", "\\c"))
 
@@ -180,7 +177,9 @@ class StompDecoder:
             if pos >= end or (buf[pos] == 13 and pos + 1 == end):
                 return NEED_DATA
             stop = buf.find(b"\n\n", pos)
-            crlf = buf.find(b"\n\r\n", pos)
+            # a CR LF blank line can only end the block if it starts before ``stop``:
+            # bounding the search keeps a buffer of many frames linear to parse
+            crlf = buf.find(b"\n\r\n", pos, stop + 2 if stop != -1 else len(buf))
             if crlf != -1 and (stop == -1 or crlf < stop):
                 block_end, body_start = crlf, crlf + 3
             elif stop != -1:
@@ -224,27 +223,27 @@ class StompDecoder:
         return frame
 
     def _parse_head(self, block: bytes) -> tuple[StompFrame, int | None]:
-        lines = block.split(b"\n")
-        command = lines[0].rstrip(b"\r").decode("utf-8")
+        text = block.decode("utf-8")
+        lines = text.split("\n")
+        command = lines[0]
+        if command.endswith("\r"):
+            command = command[:-1]
         if command not in self.commands:
             shown = command if len(command) <= 40 else command[:40] + "..."
             raise FrameError(f"unknown command {shown!r}", code="unknown_command")
         if len(lines) - 1 > self.max_headers:
             raise _limit("too_many_headers", f"more than {self.max_headers} headers")
-        escaped = self.escapes and command not in _UNESCAPED
+        escaped = self.escapes and command not in _UNESCAPED and "\\" in text
         headers: dict[str, str] = {}
-        for raw in lines[1:]:
-            if raw.endswith(b"\r"):
-                raw = raw[:-1]
-            name, colon, value = raw.partition(b":")
+        for line in lines[1:]:
+            if line.endswith("\r"):
+                line = line[:-1]
+            key, colon, val = line.partition(":")
             if not colon:
-                raise FrameError(f"{command}: header line without ':': "
-                                 f"{raw[:40].decode('utf-8', 'replace')!r}",
+                raise FrameError(f"{command}: header line without ':': {line[:40]!r}",
                                  code="bad_header")
             if escaped:
-                key, val = unescape(name), unescape(value)
-            else:
-                key, val = name.decode("utf-8"), value.decode("utf-8")
+                key, val = unescape(key), unescape(val)
             if key not in headers:
                 headers[key] = val
         length: int | None = None
