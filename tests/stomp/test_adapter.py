@@ -204,6 +204,13 @@ class TestSubscriptionsAndAcks:
         frames = [deliver("a", "m1"), deliver("c", "m2"), deliver("a", "m3")]
         assert s.auto_acks(frames) == [Ack("a", "m3", True)]
 
+    def test_auto_ack_race_with_unsubscribe_is_silent(self):
+        """The core refusing a fed-back auto ack (the subscription just went) is not an
+        ERROR: the session stays up."""
+        s = connected()
+        assert s.send(Error("no_such_subscription", "gone", "m1")) == ([], [])
+        assert not s.failed
+
     def test_v11_ack_by_message_id(self):
         """1.1 ACK names message-id and subscription."""
         s = connected("1.1")

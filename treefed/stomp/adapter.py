@@ -76,6 +76,8 @@ _RESERVED = frozenset({"destination", "transaction", "receipt", "content-length"
                        "timestamp"})
 _ACK_MODES = ("auto", "client", "client-individual")
 _TRUE = ("true", "1", "yes")
+#: refusals of a fed-back auto ack that lost a race with UNSUBSCRIBE (see ``send``)
+_RACE_CODES = ("no_such_subscription", "no_such_message")
 
 
 def native_destination(text: str, temp_prefix: str) -> str:
@@ -408,6 +410,11 @@ class StompSession:
         if kind is Hello:
             return [self._connected(frame)], []
         if kind is Error:
+            if frame.ref is not None and frame.code in _RACE_CODES:
+                # An ack the session fed back for ack:auto crossed an UNSUBSCRIBE (the
+                # core requeued the message already).  Client ACKs never get here: the
+                # session refuses unknown tags itself.  Nothing for the client to hear.
+                return [], []
             return [self._error(frame)], []
         if kind is Bye:
             return ([] if self.state == "closed" else
