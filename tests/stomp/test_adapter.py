@@ -195,14 +195,17 @@ class TestSubscriptionsAndAcks:
         assert s.receive(StompFrame("NACK", {"id": tags[1]}), NOW) == [
             Nack("s", "m0"), Nack("s", "m1")]
 
-    def test_auto_acks(self):
-        """ack:auto deliveries are settled by one cumulative Ack per subscription."""
+    def test_auto_subscriptions_listed(self):
+        """ack:auto subscriptions are listed in auto_subs (the shell acks what it wrote
+        for them), MESSAGE frames for them carry no ack tag, and UNSUBSCRIBE drops them."""
         s = connected()
         s.receive(StompFrame("SUBSCRIBE", {"id": "a", "destination": "/queue/q"}), NOW)
         s.receive(StompFrame("SUBSCRIBE", {"id": "c", "destination": "/queue/r",
                                            "ack": "client"}), NOW)
-        frames = [deliver("a", "m1"), deliver("c", "m2"), deliver("a", "m3")]
-        assert s.auto_acks(frames) == [Ack("a", "m3", True)]
+        assert s.auto_subs == {"a"}
+        assert "ack" not in s.message(deliver("a", "m1")).headers
+        s.receive(StompFrame("UNSUBSCRIBE", {"id": "a"}), NOW)
+        assert s.auto_subs == set()
 
     def test_auto_ack_race_with_unsubscribe_is_silent(self):
         """The core refusing a fed-back auto ack (the subscription just went) is not an

@@ -35,7 +35,7 @@ import trio
 import treefed
 from treefed.errors import FrameError
 from treefed.stomp.adapter import StompSession
-from treefed.stomp.codec import DEFAULT_MAX_BODY, StompDecoder, StompFrame, encode
+from treefed.stomp.codec import DEFAULT_MAX_BODY, StompDecoder, encode
 from treefed.wire.frames import Ack, Deliver
 
 __all__ = ["StompStream", "RECEIVE_SIZE", "HEARTBEAT_GRACE"]
@@ -79,9 +79,10 @@ class StompStream:
             raise trio.EndOfChannel("STOMP session ended (ERROR sent)")
         while True:
             out: list = []
+            now = time.time()
             try:
                 for frame in decoder.frames():
-                    out += session.receive(frame, time.time())
+                    out += session.receive(frame, now)
                     if session.state == "closed":
                         break
             except FrameError as exc:
@@ -153,12 +154,6 @@ class StompStream:
             await self._inject([Ack(s, m, upto=True) for s, m in last.items()])
         if session.failed and self._read_scope is not None:
             self._read_scope.cancel()
-
-    async def send_frame(self, frame) -> None:
-        await self.send_frames([frame])
-
-    async def send_stomp(self, frame: StompFrame) -> None:
-        await self._write(encode(frame, escapes=self.session.version != "1.0"))
 
     async def _write(self, data: bytes) -> None:
         async with self._send_lock:

@@ -12,7 +12,8 @@ federation, the guard and the store, exactly a native client: its SUBSCRIBE is a
   client ``Hello`` (login / passcode as username / password, so the one authenticator
   checks them); the broker's ``Hello`` answer comes back through ``send`` as CONNECTED.
 * ``send(native)`` -> (STOMP frames for the client, native frames to feed back to the
-  broker).  The feedback is the acknowledgement of ``ack:auto`` deliveries: one
+  broker); ``message(deliver)`` is its per-message case.  ``ack:auto`` deliveries
+  (subscriptions in ``auto_subs``) are acknowledged by the shell once written: one
   cumulative ``Ack`` per subscription per written batch.
 * Receipts.  A STOMP ``receipt`` waits for a set of native confirmations: a send's
   ``Receipt`` (given once the message is admitted and, if persistent, committed), a
@@ -420,16 +421,6 @@ class StompSession:
             return ([] if self.state == "closed" else
                     [self._error(Error("shutdown", frame.reason or "broker closing"))]), []
         return [], []   # Ping (native heart-beats are not used), StatReply: not for STOMP
-
-    def auto_acks(self, frames: list) -> list:
-        """The Acks that settle the ``ack:auto`` deliveries among ``frames`` (one
-        cumulative Ack per subscription: the last message it was given)."""
-        last: dict[str, str] = {}
-        auto = self.auto_subs
-        for f in frames:
-            if type(f) is Deliver and f.sub in auto:
-                last[f.sub] = f.msg
-        return [Ack(s, m, upto=True) for s, m in last.items()]
 
     def _connected(self, hello: Hello) -> StompFrame:
         self.state = "connected"
