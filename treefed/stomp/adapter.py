@@ -436,7 +436,6 @@ class StompSession:
                    "server": self.server, "session": self.session_id}
         if self.version == "1.0":
             del headers["version"]   # a 1.0 CONNECTED carries no version header
-            headers["session"] = self.session_id
         return StompFrame("CONNECTED", headers)
 
     def message(self, d: Deliver) -> StompFrame:
