@@ -5,12 +5,15 @@ traffic with native clients."""
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 
 import trio
 
 from treefed.client import connect
 
+from tests.node.helpers import child_env
 from tests.stomp.helpers import Client, RawStomp, start_stomp_node, stomp_doc, wait_for
 from treefed.stomp.codec import StompFrame
 
@@ -307,6 +310,21 @@ class TestReceiptsAndLifecycle:
             protocols = sorted(x["protocol"] for x in stats["conns"])
             assert protocols == ["stomp", "treefed"]
             assert any(u.startswith("stomp://") for u in stats["listeners"])
+            await c.disconnect()
+
+
+    async def test_treefed_stat_command_lists_stomp(self, nursery, tmp_path):
+        """`treefed stat` (the command, in a subprocess) lists a STOMP client's
+        connection with protocol 'stomp'."""
+        with trio.fail_after(30):
+            _, uri, port = await start_stomp_node(nursery, stomp_doc(tmp_path))
+            c = await Client(port).connect()
+            got = await trio.run_process([sys.executable, "-m", "treefed.cli", "stat", uri],
+                                         capture_stdout=True, capture_stderr=True,
+                                         env=child_env(), check=False)
+            assert got.returncode == 0, got.stderr
+            conns = json.loads(got.stdout)["conns"]
+            assert [x["protocol"] for x in conns if x["protocol"] == "stomp"] == ["stomp"]
             await c.disconnect()
 
 
