@@ -403,6 +403,35 @@ class TestTempDestinations:
             assert other.rec.messages == []
 
 
+    async def test_temp_topic_dies_with_its_connection(self, nursery, tmp_path):
+        """A /temp-topic/ given as reply-to fans a reply out to each of its owner's
+        subscriptions; once the owner is gone, a SEND to it is refused
+        (no_such_destination)."""
+        with trio.fail_after(20):
+            _, _, port = await start_stomp_node(nursery, stomp_doc(tmp_path))
+            owner = await Client(port).connect()
+            await owner.subscribe("/temp-topic/events", "a", receipt="ra")
+            await owner.subscribe("/temp-topic/events", "b", receipt="rb")
+            await owner.receipt("rb")
+            helper = await Client(port).connect()
+            await helper.subscribe("/queue/svc", "s", receipt="rs")
+            await helper.receipt("rs")
+            await owner.send("/queue/svc", "hi", **{"reply-to": "/temp-topic/events"})
+            [m] = await helper.messages(1)
+            reply_to = m.headers["reply-to"]
+            assert reply_to.startswith("/remote-temp-topic/")
+            await helper.send(reply_to, "e1")
+            msgs = await owner.messages(2)
+            assert sorted(m.headers["subscription"] for m in msgs) == ["a", "b"]
+            assert {m.headers["destination"] for m in msgs} == {"/temp-topic/events"}
+            await owner.disconnect()
+            peer = await RawStomp.open(port)
+            await peer.send(StompFrame("SEND", {"destination": reply_to, "receipt": "r"}))
+            err = await peer.error_and_close()
+            assert err.headers["message"].startswith("no_such_destination:")
+            assert err.headers["receipt-id"] == "r"
+
+
 class TestCrossProtocol:
     async def test_native_and_stomp_see_each_others_headers(self, nursery, tmp_path):
         """User headers, correlation id and type cross between native and STOMP clients
