@@ -156,6 +156,11 @@ class StompStream:
             self._read_scope.cancel()
 
     async def _write(self, data: bytes) -> None:
+        if not self.session.send_every:
+            # no heart-beat task writes on this connection (it starts only after the
+            # CONNECTED that fixed send_every went out): the lock's checkpoint is saved
+            await self.stream.send_all(data)
+            return
         async with self._send_lock:
             await self.stream.send_all(data)
             self._last_tx = trio.current_time()

@@ -77,6 +77,8 @@ _RESERVED = frozenset({"destination", "transaction", "receipt", "content-length"
                        "timestamp"})
 _ACK_MODES = ("auto", "client", "client-individual")
 _TRUE = ("true", "1", "yes")
+#: destinations a session remembers the mapping of (per direction)
+_CACHE_SIZE = 1024
 #: refusals of a fed-back auto ack that lost a race with UNSUBSCRIBE (see ``send``)
 _RACE_CODES = ("no_such_subscription", "no_such_message")
 
@@ -147,6 +149,8 @@ class StompSession:
         self._receipts: dict[str, set] = {}            # receipt -> confirmations left
         self._next = 0
         self._client_hb = (0, 0)
+        self._to_native: dict[str, str] = {}   # destination header -> native name
+        self._to_stomp: dict[str, str] = {}    # native name -> destination header
         self.fatal: FrameError | None = None   # the client frame refused (the shell
         #                                        closes with its ERROR)
 
@@ -224,7 +228,12 @@ class StompSession:
             ttl = max(1, expires - int(now * 1000))
         reply_to = h.get("reply-to")
         self._next += 1
-        return Send(native_destination(dst, self.session_id),
+        native = self._to_native.get(dst)
+        if native is None:
+            native = native_destination(dst, self.session_id)
+            if len(self._to_native) < _CACHE_SIZE:
+                self._to_native[dst] = native
+        return Send(native,
                     f"ID:{self.session_id}:{self._next}", headers, f.body,
                     h.get("persistent", "").lower() in _TRUE, priority, ttl,
                     native_destination(reply_to, self.session_id) if reply_to else None,
@@ -441,8 +450,12 @@ class StompSession:
     def message(self, d: Deliver) -> StompFrame:
         """The MESSAGE frame for a delivery (client modes: its ack tag is recorded)."""
         prefix = self.session_id
-        headers = {"subscription": d.sub, "message-id": d.msg,
-                   "destination": stomp_destination(d.dst, prefix)}
+        dst = self._to_stomp.get(d.dst)
+        if dst is None:
+            dst = stomp_destination(d.dst, prefix)
+            if len(self._to_stomp) < _CACHE_SIZE:
+                self._to_stomp[d.dst] = dst
+        headers = {"subscription": d.sub, "message-id": d.msg, "destination": dst}
         sub = self._subs.get(d.sub)
         if sub is not None and sub.ack != "auto":
             self._next += 1

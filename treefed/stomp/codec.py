@@ -197,7 +197,7 @@ class StompDecoder:
             if block_end - pos > self.max_header_bytes:
                 raise _limit("headers_too_large",
                              f"header block longer than {self.max_header_bytes} bytes")
-            frame, length = self._parse_head(bytes(buf[pos:block_end]))
+            frame, length = self._parse_head(buf[pos:block_end].decode("utf-8"))
             self._head = (frame, body_start, length)
             self._scan = body_start
         frame, start, length = self._head
@@ -223,8 +223,7 @@ class StompDecoder:
         self._head = None
         return frame
 
-    def _parse_head(self, block: bytes) -> tuple[StompFrame, int | None]:
-        text = block.decode("utf-8")
+    def _parse_head(self, text: str) -> tuple[StompFrame, int | None]:
         lines = text.split("\n")
         command = lines[0]
         if command.endswith("\r"):
