@@ -164,6 +164,8 @@ class TestSubscriptionsAndAcks:
             "flag": "true", "timestamp": str(int(NOW * 1000)),
             "expires": str(int(NOW * 1000) + 1000)}
         assert "ack" in m.headers
+        [plain], _ = s.send(deliver("s", "m2"))
+        assert "priority" not in plain.headers and "expires" not in plain.headers
 
     def test_client_ack_cumulative(self):
         """ack:client — ACK of the third tag is one cumulative native Ack."""
