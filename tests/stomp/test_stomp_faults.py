@@ -247,6 +247,35 @@ class TestFlowControl:
             conn = next(x for x in node.statistics()["conns"] if x["protocol"] == "stomp")
             assert conn["queued"] == 0
 
+    async def test_auto_ack_consumer_that_stops_reading(self, nursery, tmp_path):
+        """An ack:auto consumer that stops reading is acked only for what was written:
+        once the socket is full, at most its prefetch waits in its connection's queue and
+        the rest stays on the broker."""
+        with trio.fail_after(30):
+            node, uri, port = await start_stomp_node(nursery, stomp_doc(tmp_path))
+            peer = await RawStomp.open(port)
+            await peer.send(StompFrame("SUBSCRIBE", {"id": "s", "destination": "/queue/big",
+                                                     "activemq.prefetchSize": "10",
+                                                     "receipt": "r"}))
+            [receipt] = await peer.frames(1)
+            assert receipt.command == "RECEIPT"
+            body = b"y" * 8192
+            async with connect(uri) as native:
+                for _ in range(4000):              # 32 MiB: more than loopback buffers
+                    native.send_nowait("queue://big", body)
+                await native.flush()
+
+                def settled():
+                    dst = node.site.broker.statistics()["destinations"]["queue://big"]
+                    return dst["enqueued"] == 4000 and dst["depth"] > 0 and dst
+                dst = await wait_for(settled, 20)
+            conn = next(x for x in node.statistics()["conns"] if x["protocol"] == "stomp")
+            assert conn["queued"] <= 10 and dst["inflight"] <= 10
+            await trio.sleep(0.3)
+            again = node.site.broker.statistics()["destinations"]["queue://big"]
+            assert again["depth"] == dst["depth"]     # nothing more went out
+            await peer.aclose()
+
     async def test_producer_blocked_by_destination_limit(self, nursery, tmp_path):
         """A STOMP producer to a full queue with limit behaviour 'block' is paused (its
         receipt waits) until a consumer makes room."""
