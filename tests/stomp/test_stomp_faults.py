@@ -265,15 +265,21 @@ class TestFlowControl:
                     native.send_nowait("queue://big", body)
                 await native.flush()
 
-                def settled():
-                    dst = node.site.broker.statistics()["destinations"]["queue://big"]
-                    return dst["enqueued"] == 4000 and dst["depth"] > 0 and dst
-                dst = await wait_for(settled, 20)
+                def depth() -> dict:
+                    return node.site.broker.statistics()["destinations"]["queue://big"]
+
+                # settled: everything arrived and nothing moved for a while (the socket
+                # buffers are full, so no more acks, so no more deliveries)
+                previous = None
+                while True:
+                    dst = depth()
+                    if dst["enqueued"] == 4000 and previous == dst["depth"]:
+                        break
+                    previous = dst["depth"] if dst["enqueued"] == 4000 else None
+                    await trio.sleep(0.3)
+            assert dst["depth"] > 0
             conn = next(x for x in node.statistics()["conns"] if x["protocol"] == "stomp")
             assert conn["queued"] <= 10 and dst["inflight"] <= 10
-            await trio.sleep(0.3)
-            again = node.site.broker.statistics()["destinations"]["queue://big"]
-            assert again["depth"] == dst["depth"]     # nothing more went out
             await peer.aclose()
 
     async def test_producer_blocked_by_destination_limit(self, nursery, tmp_path):
