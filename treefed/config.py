@@ -468,7 +468,7 @@ _BROKER: dict[str, tuple[Checker, Any]] = {
     "id": (_identifier, _REQUIRED),
     "name": (_string, None),
     "data_dir": (_string, None),
-    "listen": (_list_of(_uri("tcp://", "ssl://", listen=True)), ()),
+    "listen": (_list_of(_uri("tcp://", "ssl://", "stomp://", "stomp+ssl://", listen=True)), ()),
     "max_frame_bytes": (_int(1024, 2**32 - 1), 4 * 1024 * 1024),
     "max_redeliveries": (_int(0), 6),
     "dlq": (_destination(wildcards=False, queue_only=True), "queue://DLQ"),
@@ -739,8 +739,9 @@ def _parse(data: dict, source: str) -> BrokerConfig:
 
     security = _parse_security(data.get("security", {}), resolve)
     for i, text in enumerate(broker.listen):
-        if text.lower().startswith("ssl://") and not security.tls.cert:
-            raise ConfigError("security.tls.cert", f"required by the ssl:// listener "
+        if text.lower().startswith(("ssl://", "stomp+ssl://")) and not security.tls.cert:
+            raise ConfigError("security.tls.cert", f"required by the "
+                                                   f"{text.partition(':')[0]}:// listener "
                                                    f"broker.listen[{i}]")
     monitor = MonitorSection(**_check_table(data.get("monitor", {}), _MONITOR, "monitor"))
     if monitor.listen.lower().startswith("https:") and not security.tls.cert:

@@ -97,6 +97,7 @@ from treefed.log import get_logger
 from treefed.persistence import MemoryStore
 from treefed.security.guard import Guard
 from treefed.transport.backoff import backoff_for
+from treefed.node.stomp_conn import StompStream
 from treefed.transport.framed import FramedStream
 from treefed.transport.streams import connect_with_retry, open_tcp, peer_address, serve_tcp
 from treefed.transport.tls import peer_identity, serve_tls
@@ -265,7 +266,8 @@ class BrokerNode:
         self._authz = sec.authorizer()
         self._tree_scope = sec.tree.tree_scope(temp_destinations=sec.temp_destinations)
         self._server_ssl = (sec.tls.server_context()
-                            if any(u.lower().startswith("ssl:") for u in b.listen) else None)
+                            if any(u.lower().startswith(("ssl:", "stomp+ssl:"))
+                                   for u in b.listen) else None)
         self._client_ssl = (sec.tls.client_context()
                             if any(e.scheme == "ssl" for d in self.dialers
                                    for e in d.target.endpoints) else None)
@@ -324,13 +326,15 @@ class BrokerNode:
             nursery.start_soon(self._site_loop)
             for i, text in enumerate(b.listen):
                 ep = parse_uri(text, key=f"broker.listen[{i}]", listen=True)
-                if ep.scheme == "ssl":
+                accept = (functools.partial(self._accept, protocol="stomp")
+                          if ep.scheme.startswith("stomp") else self._accept)
+                if ep.scheme in ("ssl", "stomp+ssl"):
                     serve = functools.partial(
-                        serve_tls, self._accept, ep.host, ep.port, self._server_ssl,
+                        serve_tls, accept, ep.host, ep.port, self._server_ssl,
                         handshake_timeout=self.config.security.tls.handshake_timeout,
                         log=self.log)
                 else:
-                    serve = functools.partial(serve_tcp, self._accept, ep.host, ep.port)
+                    serve = functools.partial(serve_tcp, accept, ep.host, ep.port)
                 port = await nursery.start(serve)
                 self.addresses.append((ep.host, port))
                 self._schemes.append(ep.scheme)
@@ -379,10 +383,10 @@ class BrokerNode:
         self._next_conn += 1
         return f"{prefix}{self._next_conn}"
 
-    async def _accept(self, stream: trio.abc.Stream) -> None:
+    async def _accept(self, stream: trio.abc.Stream, protocol: str = "treefed") -> None:
         if self._stopping:
             return
-        await self._run_conn(stream, None)
+        await self._run_conn(stream, None, protocol)
 
     async def serve_stream(self, stream: trio.abc.Stream) -> None:
         """Serve one already-connected stream as an accepted connection (an in-memory
@@ -394,9 +398,11 @@ class BrokerNode:
         finally:
             await trio.aclose_forcefully(stream)
 
-    async def _run_conn(self, stream: trio.abc.Stream, dialer: Dialer | None) -> None:
+    async def _run_conn(self, stream: trio.abc.Stream, dialer: Dialer | None,
+                        protocol: str = "treefed") -> None:
         remote = peer_address(stream) or "?"
-        c = _Conn(self._new_id(), FramedStream(stream, self.config.broker.max_frame_bytes),
+        framed_cls = StompStream if protocol == "stomp" else FramedStream
+        c = _Conn(self._new_id(), framed_cls(stream, self.config.broker.max_frame_bytes),
                   remote, dialer)
         if dialer is not None:
             hello = self.site.hello(dialer.settings)
@@ -409,6 +415,8 @@ class BrokerNode:
         try:
             async with trio.open_nursery() as nursery:
                 c.scope = nursery.cancel_scope
+                if protocol == "stomp":   # its own heart-beats; auto acks via the inbox
+                    c.framed.start(nursery, functools.partial(self._inject, c))
                 nursery.start_soon(self._writer, c, nursery)
                 await self._reader(c)
                 with trio.move_on_after(LINGER):
@@ -455,6 +463,10 @@ class BrokerNode:
                 pass
         except _SOCKET_ERRORS:
             pass
+
+    async def _inject(self, c: _Conn, frames: list) -> None:
+        """Frames a connection's protocol adapter adds as if the peer had sent them."""
+        await self._inbox_send.send((c, frames))
 
     async def _authenticate(self, c: _Conn, hello: Any) -> bool:
         """Check an accepted connection's hello (before the site task sees it).  On
@@ -552,7 +564,8 @@ class BrokerNode:
             await trio.sleep(interval)
             now = trio.current_time()
             for c in list(self._conns.values()):
-                if c.kind is _PENDING or c.closing or c.paused:
+                if c.kind is _PENDING or c.closing or c.paused \
+                        or c.framed.protocol != "treefed":   # STOMP: its own heart-beats
                     continue
                 silent = now - c.last_rx
                 if c.pinged is not None and c.last_rx < c.pinged:
@@ -1048,7 +1061,8 @@ class BrokerNode:
         for c in self._conns.values():
             if c.dead:
                 continue
-            info = {"conn": c.id, "kind": c.kind, "remote": c.remote, "peer": c.peer,
+            info = {"conn": c.id, "kind": c.kind, "protocol": c.framed.protocol,
+                    "remote": c.remote, "peer": c.peer,
                     "queued": len(c.out), "paused": c.paused, "since": round(c.opened, 3)}
             if c.kind is _LINK:
                 info["rtt"] = round(c.rtt, 6) if c.rtt is not None else None

@@ -36,6 +36,7 @@ class FramedStream:
     """A trio stream that carries treefed frames."""
 
     __slots__ = ("stream", "receive_size", "_decoder")
+    protocol = "treefed"    # what ``stat`` shows (node/stomp_conn.py: "stomp")
 
     def __init__(self, stream: trio.abc.Stream, max_frame: int = DEFAULT_MAX_FRAME, *,
                  receive_size: int = RECEIVE_SIZE) -> None:

@@ -33,6 +33,8 @@ from treefed.errors import ConfigError
 __all__ = ["Endpoint", "Failover", "Static", "Target", "parse_uri"]
 
 _SIMPLE_SCHEMES = ("tcp", "ssl")
+#: schemes only a listener takes: STOMP clients (node/stomp_conn.py), plain or TLS
+_LISTEN_SCHEMES = ("stomp", "stomp+ssl")
 _HOSTNAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?\Z")
 
 
@@ -121,6 +123,8 @@ def parse_uri(text: str, *, key: str = "uri", listen: bool = False) -> Target:
     if sep and rest.isdigit():
         raise ConfigError(key, f"{text!r} is a bare host:port, not a URI: "
                                f"write tcp://{text}")
+    if listen and scheme in ("stomp", "stomp+ssl"):
+        return _parse_endpoint(text, key, listen=listen)
     if not sep or not scheme.isalpha():
         raise ConfigError(key, f"{text!r} is not a URI: expected scheme://host:port, "
                                "e.g. tcp://127.0.0.1:61616")
@@ -137,7 +141,8 @@ def parse_uri(text: str, *, key: str = "uri", listen: bool = False) -> Target:
 def _parse_endpoint(text: str, key: str, *, listen: bool = False) -> Endpoint:
     scheme, sep, rest = text.partition("://")
     scheme = scheme.lower()
-    if not sep or scheme not in _SIMPLE_SCHEMES:
+    if not sep or scheme not in (_SIMPLE_SCHEMES + _LISTEN_SCHEMES if listen
+                                 else _SIMPLE_SCHEMES):
         raise ConfigError(key, f"{text!r} is not a tcp:// or ssl:// URI")
     if "?" in rest:
         option = rest.partition("?")[2].partition("=")[0]
