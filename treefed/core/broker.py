@@ -324,13 +324,8 @@ class Broker:
             raise RemoteError(f"prefetch must be at least 1, not {prefetch!r}", code="bad_frame")
         wildcard = is_wildcard(pattern)
         temp = pattern.startswith("temp-")
-        if temp and peer is None:
-            if wildcard:
-                raise DestinationError(f"a temporary destination cannot be subscribed by "
-                                       f"wildcard: {pattern!r}")
-            existing = self._dests.get(pattern)
-            if existing is not None and existing.owner not in (None, conn):
-                raise RemoteError(f"{pattern} belongs to another connection", code="forbidden")
+        if temp:
+            self._check_temp(conn, pattern, wildcard, peer)
         if isinstance(selector, str):
             if selector.strip():
                 from treefed.core.selector import compile_selector  # lazy: lark grammar
@@ -370,6 +365,26 @@ class Broker:
         self._finish(now, out)
         return out
 
+    def _check_temp(self, conn: str, pattern: str, wildcard: bool, peer: str | None) -> None:
+        """A temporary destination belongs to the connection that created it (issue #12,
+        defect 3): nobody -- client or peer broker -- subscribes to temp names by
+        wildcard; a client may not subscribe to a temp name that exists elsewhere
+        (another connection here owns it, or demand for it came over a link: it was
+        created at another broker); a peer may not claim one a client here owns."""
+        if wildcard:
+            raise DestinationError(f"a temporary destination cannot be subscribed by "
+                                   f"wildcard: {pattern!r}")
+        existing = self._dests.get(pattern)
+        owner = existing.owner if existing is not None else None
+        if peer is None:
+            if owner not in (None, conn) or any(
+                    c.conn != conn for c in self._subs.match(pattern)):
+                raise RemoteError(f"{pattern} belongs to another connection",
+                                  code="forbidden")
+        elif owner is not None:
+            raise RemoteError(f"{pattern} belongs to a connection of this broker",
+                              code="forbidden")
+
     def remove_consumer(self, conn: str, sub_id: str, now: float) -> list[Action]:
         """Close a consumer: its in-flight messages are requeued (redelivered + 1)."""
         cs = self._conns.get(conn)
@@ -390,6 +405,11 @@ class Broker:
         cs = self._conns.get(conn)
         c = cs.consumers.get(sub_id) if cs is not None else None
         return _info(c) if c is not None else None
+
+    def temp_owner(self, name: str) -> str | None:
+        """The local connection owning temporary destination ``name``, or None."""
+        d = self._dests.get(name)
+        return d.owner if d is not None else None
 
     def consumers_for(self, dst: str) -> list[ConsumerInfo]:
         """Consumers a message to concrete ``dst`` would be considered for, in dispatch

@@ -43,6 +43,7 @@ from treefed.core.destinations import parse_destination
 from treefed.core.selector import compile_selector
 from treefed.errors import DestinationError, SelectorError, TreefedError
 from treefed.federation.settings import LinkSettings
+from treefed.federation.temps import refused_error
 from treefed.wire.frames import Advisory
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -323,6 +324,8 @@ class Bridge:
             reason = "limit"
         if reason is not None:
             self.drop(adv, reason, out)
+            if reason == "forbidden":   # a temp destination claimed (issue #12, defect 3)
+                out.append(Out(self.conn, refused_error(adv)))
             return
         site._seq += 1   # Site.next_seq, inlined: once per accepted advisory
         it = Interest(key[0], _intern(adv.dst), _intern(adv.origin), adv.selector,
