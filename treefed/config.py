@@ -253,6 +253,9 @@ class SecurityConfig:
     authentication: bool = False     # hellos must carry valid credentials
     failure_delay: float = 1.0       # seconds before refusing a failed login, doubling
     max_failure_delay: float = 30.0  #   per recent failure up to this
+    failure_window: float = 300.0    # failures older than this are forgotten
+    lockout_failures: int = 10       # failures (per source / per user) that lock it out
+    #                                  for failure_window; 0 = never (issue #12 defect 10)
     temp_destinations: bool = True   # temp (reply) queues open to users and tree children
     users: tuple[UserConfig, ...] = ()
     permissions: tuple[PermissionConfig, ...] = ()
@@ -266,7 +269,9 @@ class SecurityConfig:
         return Authenticator([User(u.name, u.password_hash, u.groups, u.brokers)
                               for u in self.users], required=self.authentication,
                              failure_delay=self.failure_delay,
-                             max_failure_delay=self.max_failure_delay)
+                             max_failure_delay=self.max_failure_delay,
+                             failure_window=self.failure_window,
+                             lockout_failures=self.lockout_failures)
 
     def authorizer(self) -> Any:
         """A ``security.Authorizer``; None when authentication is off (nobody to check)."""
@@ -569,6 +574,8 @@ _SECURITY: dict[str, tuple[Checker, Any]] = {
     "authentication": (_bool, False),
     "failure_delay": (_number(0.0), 1.0),
     "max_failure_delay": (_number(0.0), 30.0),
+    "failure_window": (_number(1.0), 300.0),
+    "lockout_failures": (_int(0), 10),
     "temp_destinations": (_bool, True),
 }
 _USER: dict[str, tuple[Checker, Any]] = {

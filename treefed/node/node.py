@@ -95,6 +95,7 @@ from treefed.federation.settings import KINDS, LinkSettings
 from treefed.federation.site import Site
 from treefed.log import get_logger
 from treefed.persistence import MemoryStore
+from treefed.node.login import LoginGate
 from treefed.security.guard import Guard
 from treefed.transport.backoff import backoff_for
 from treefed.transport.framed import FramedStream
@@ -255,7 +256,7 @@ class BrokerNode:
         # security: contexts are built (files read) now, so a bad path fails at start
         sec = config.security
         self._auth = sec.authenticator() if sec.authentication else None
-        self._auth_limiter = trio.CapacityLimiter(AUTH_THREADS)
+        self._login = LoginGate(self._auth, AUTH_THREADS) if self._auth is not None else None
         self._authz = sec.authorizer()
         self._tree_scope = sec.tree.tree_scope(temp_destinations=sec.temp_destinations)
         self._server_ssl = (sec.tls.server_context()
@@ -440,11 +441,10 @@ class BrokerNode:
         failure: log (no password), wait the delay, queue Error(auth_failed), close."""
         if type(hello) is not Hello:
             return True  # not a hello at all: the site task refuses it as such
-        auth = self._auth
         identity = peer_identity(c.framed.stream)
-        verdict = await trio.to_thread.run_sync(auth.check, hello, identity,
-                                                limiter=self._auth_limiter)
-        result = auth.settle(verdict, time.time(), c.remote.rpartition(":")[0])
+        # serialised per source and user, delayed before the check, locked out after N
+        # failures (node/login.py, issue #12 defect 10); a failure's delay is waited there
+        result = await self._login.login(hello, identity, c.remote.rpartition(":")[0])
         fields = result.log_fields()
         if result.ok:
             c.user = result.user
@@ -452,7 +452,6 @@ class BrokerNode:
             return True
         self.log.warning("auth.failed", conn=c.id, remote=c.remote, role=hello.role,
                          **fields)
-        await trio.sleep(result.delay)
         c.dead = True   # the Site never learnt of it
         c.closing = True
         c.queue(result.error_frame())
