@@ -85,6 +85,10 @@ class BrokerSection:
     accept_mesh: bool = True         # refuse mesh hellos when false
     max_store_bytes: int = 0         # message store size cap (0 = the disk): when reached,
     #                                  persistent sends are refused with "store_full"
+    # one client connection's share (issue #12, defect 7; 0 = unlimited)
+    max_subscriptions_per_connection: int = 10_000
+    max_inflight_per_connection: int = 1_000_000   # sum of its consumers' prefetch
+    max_pending_bytes_per_connection: int = 64 * 1024 * 1024  # queued to it, unsent
 
 
 @dataclass(frozen=True, slots=True)
@@ -469,6 +473,9 @@ _BROKER: dict[str, tuple[Checker, Any]] = {
     "accept_tree_children": (_bool, True),
     "accept_mesh": (_bool, True),
     "max_store_bytes": (_int(0), 0),
+    "max_subscriptions_per_connection": (_int(0), 10_000),
+    "max_inflight_per_connection": (_int(0), 1_000_000),
+    "max_pending_bytes_per_connection": (_int(0), 64 * 1024 * 1024),
 }
 
 def _log_level(value: Any, key: str) -> str:

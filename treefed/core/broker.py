@@ -139,10 +139,13 @@ class ConsumerInfo:
 
 
 class _Conn:
-    __slots__ = ("name", "consumers", "forwarded", "parked", "blocked_on", "temps", "revisit")
+    __slots__ = ("name", "consumers", "forwarded", "parked", "blocked_on", "temps", "revisit",
+                 "credit")
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.credit = 0                               # local consumers' prefetch, summed:
+        #                                               the most it may have in flight
         self.consumers: dict[str, _Consumer] = {}     # sub_id -> consumer
         self.forwarded: dict[str, _Consumer] = {}     # msg id -> network consumer holding it,
         #                                              so a ForwardAck (ids only) finds it
@@ -223,8 +226,13 @@ class Broker:
     def __init__(self, broker_id: str, policies: PolicySet | None = None, *,
                  max_redeliveries: int = 6, dlq: str = "queue://DLQ",
                  log_messages: bool = True, dedup_window: int = 100_000,
-                 replay_delay: float = 0.0) -> None:
+                 replay_delay: float = 0.0, max_subscriptions_per_conn: int = 0,
+                 max_inflight_per_conn: int = 0) -> None:
         self.broker_id = broker_id
+        # per client connection (issue #12, defect 7; 0 = unlimited): its consumers, and
+        # the sum of their prefetch -- what it may hold delivered and unacked at once
+        self.max_subscriptions_per_conn = max_subscriptions_per_conn
+        self.max_inflight_per_conn = max_inflight_per_conn
         self.replay_delay = replay_delay      # a rested message goes back up its path (to
         #   a fallback consumer) only this long after it rested: a consumer restarting at
         #   a store gets its backlog, in order, instead of it touring the tree
@@ -326,6 +334,9 @@ class Broker:
         temp = pattern.startswith("temp-")
         if temp:
             self._check_temp(conn, pattern, wildcard, peer)
+        if peer is None and (self.max_subscriptions_per_conn
+                             or self.max_inflight_per_conn):
+            self._check_conn_limits(cs, prefetch)
         if isinstance(selector, str):
             if selector.strip():
                 from treefed.core.selector import compile_selector  # lazy: lark grammar
@@ -352,6 +363,8 @@ class Broker:
                       f"{self.broker_id}/{conn}/{sub_id}" if peer is None else None, seq,
                       replay)
         cs.consumers[sub_id] = c
+        if peer is None:
+            cs.credit += prefetch
         self._subs.insert(pattern, c)
         out: list[Action] = []
         if peer is None:
@@ -364,6 +377,20 @@ class Broker:
                     self._drain(d, now, out)
         self._finish(now, out)
         return out
+
+    def _check_conn_limits(self, cs: _Conn, prefetch: int) -> None:
+        """One client connection's share of this broker (issue #12, defect 7): a client
+        opening endless subscriptions is refused here, at its own broker, before its
+        interest can fill a parent's per-child cap and starve every other consumer."""
+        most = self.max_subscriptions_per_conn
+        if most and len(cs.consumers) >= most:
+            raise LimitError(f"connection already has {len(cs.consumers)} subscriptions "
+                             f"(max_subscriptions_per_connection {most})")
+        most = self.max_inflight_per_conn
+        if most and cs.credit + prefetch > most:
+            raise LimitError(f"prefetch {prefetch} would let this connection hold "
+                             f"{cs.credit + prefetch} messages in flight "
+                             f"(max_inflight_per_connection {most})")
 
     def _check_temp(self, conn: str, pattern: str, wildcard: bool, peer: str | None) -> None:
         """A temporary destination belongs to the connection that created it (issue #12,
@@ -695,6 +722,8 @@ class Broker:
     def _remove(self, c: _Consumer, now: float, out: list) -> None:
         cs = c.cs
         del cs.consumers[c.sub_id]
+        if c.peer is None:
+            cs.credit -= c.prefetch
         self._subs.remove(c.pattern, c)
         requeue: dict[_Dest, list[Message]] = {}
         for m in c.inflight.values():

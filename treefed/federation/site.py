@@ -303,6 +303,7 @@ class Site:
         out = self.broker.disconnect(conn, now)
         learned = list(bridge.remote.values())
         bridge.remote.clear()
+        bridge.clients.clear()
         for it in learned:  # first, so no fail-over picks an instance of this dead link
             if not it.active:
                 self._unrival(it)
@@ -405,7 +406,8 @@ class Site:
 
     def _activate(self, it: Interest, out: list, now: float) -> None:
         if it.source is not None and not it.source.join_demand(it, out, now):
-            it.source.remote.pop(it.key, None)
+            if it.source.remote.pop(it.key, None) is not None:
+                it.source.unclient(it.consumer)
             self._unrival(it)
             it.source.drop(it, "malformed", out)  # the core refused its selector/dst
             return

@@ -143,7 +143,8 @@ class _Conn:
 
     __slots__ = ("id", "kind", "framed", "out", "wake", "high_water", "paused", "resume",
                  "closing", "dead", "writer_done", "hello", "dialer", "peer",
-                 "remote", "opened", "last_rx", "pinged", "user", "guard", "scope")
+                 "remote", "opened", "last_rx", "pinged", "user", "guard", "scope",
+                 "out_bytes")
 
     def __init__(self, conn_id: str, framed: FramedStream, remote: str,
                  dialer: Dialer | None) -> None:
@@ -151,6 +152,7 @@ class _Conn:
         self.kind = _PENDING
         self.framed = framed
         self.out: list = []                 # frames waiting for the writer
+        self.out_bytes = 0                  # message bodies in ``out`` (clients only)
         self.wake = trio.Event()            # set when out gained frames or closing began
         self.high_water = CLIENT_HIGH_WATER
         self.paused = False                 # producer flow control: reader holds off
@@ -236,7 +238,9 @@ class BrokerNode:
         tc = config.tree_connector
         broker = Broker(b.id, config.policy_set(), max_redeliveries=b.max_redeliveries,
                         dlq=b.dlq, log_messages=config.logging.message_events,
-                        replay_delay=tc.replay_delay if tc is not None else 0.0)
+                        replay_delay=tc.replay_delay if tc is not None else 0.0,
+                        max_subscriptions_per_conn=b.max_subscriptions_per_connection,
+                        max_inflight_per_conn=b.max_inflight_per_connection)
         tree = config.tree_connector.tree_settings() if config.tree_connector else None
         self.site = Site(b.id, broker=broker, tree=tree,
                          accept_tree_children=b.accept_tree_children, log_advisories=True)
@@ -465,6 +469,7 @@ class BrokerNode:
                 c.wake = trio.Event()
                 if c.out:
                     frames, c.out = c.out, []
+                    c.out_bytes = 0
                     await framed.send_frames(frames)
                     if c.out:
                         continue
@@ -763,9 +768,20 @@ class BrokerNode:
         if c.writer_done.is_set() and self._conns.get(c.id) is c:
             del self._conns[c.id]
 
+    def _overflow(self, c: _Conn, why: str, now: float, more: list) -> None:
+        """``c`` does not read what we send: drop its queue, tell it why, close it."""
+        self.log.warning("conn.overflow", conn=c.id, queued=len(c.out),
+                         queued_bytes=c.out_bytes)
+        c.out.clear()
+        c.out_bytes = 0
+        c.out.append(Error("overflow", why))
+        self._forget(c, now, more)
+        c.wake.set()
+
     async def _perform(self, actions: list, now: float) -> None:
         """Do what the Site asked, committing the batch's store work before any Out."""
         conns = self._conns
+        pending_cap = self.config.broker.max_pending_bytes_per_connection
         while actions:
             stores: list = []
             deletes: list = []
@@ -806,6 +822,14 @@ class BrokerNode:
                 if type(a) is Out:
                     frame = a.frame
                     c.out.append(frame)
+                    if type(frame) is Deliver and c.kind is _CLIENT and pending_cap:
+                        c.out_bytes += len(frame.body) + 64
+                        if c.out_bytes > pending_cap:
+                            self._overflow(c, f"more than {pending_cap} bytes of messages "
+                                              "queued: the connection does not keep up "
+                                              "(max_pending_bytes_per_connection)",
+                                           now, more)
+                            continue
                     if len(c.out) > c.high_water:
                         self.log.warning("conn.overflow", conn=c.id, queued=len(c.out))
                         c.out.clear()
