@@ -89,6 +89,12 @@ class BrokerSection:
     max_subscriptions_per_connection: int = 10_000
     max_inflight_per_connection: int = 1_000_000   # sum of its consumers' prefetch
     max_pending_bytes_per_connection: int = 64 * 1024 * 1024  # queued to it, unsent
+    # memory (issue #12, defect 8)
+    max_memory_bytes: int = 512 * 1024 * 1024  # message bytes held in memory (queues,
+    #                                  topic backlogs); past it sends are refused
+    #                                  "memory_full"; 0 = no cap
+    idle_destination_seconds: float = 300.0  # an empty destination without consumers of
+    #                                  its own is forgotten after this long; 0 = never
 
 
 @dataclass(frozen=True, slots=True)
@@ -476,6 +482,8 @@ _BROKER: dict[str, tuple[Checker, Any]] = {
     "max_subscriptions_per_connection": (_int(0), 10_000),
     "max_inflight_per_connection": (_int(0), 1_000_000),
     "max_pending_bytes_per_connection": (_int(0), 64 * 1024 * 1024),
+    "max_memory_bytes": (_int(0), 512 * 1024 * 1024),
+    "idle_destination_seconds": (_number(0.0), 300.0),
 }
 
 def _log_level(value: Any, key: str) -> str:

@@ -192,7 +192,7 @@ class _Dest:
     __slots__ = ("name", "topic", "temp", "stored", "policy", "local_only", "limited",
                  "consumers", "fallbacks", "replayers", "pending", "inflight", "bytes", "enqueued",
                  "dequeued", "expiring", "next_expiry", "blocked", "roomy", "owner", "alive",
-                 "replay_timer")
+                 "replay_timer", "touched")
 
     def __init__(self, name: str, policy: Any) -> None:
         self.name = name
@@ -218,6 +218,8 @@ class _Dest:
         self.owner: str | None = None          # temp destinations: owning conn
         self.alive = True
         self.replay_timer = 0.0                # latest replay timer scheduled for it
+        self.touched = -1.0                    # last message admitted (idle collection;
+        #                                        -1: none yet)
 
 
 class Broker:
@@ -227,8 +229,19 @@ class Broker:
                  max_redeliveries: int = 6, dlq: str = "queue://DLQ",
                  log_messages: bool = True, dedup_window: int = 100_000,
                  replay_delay: float = 0.0, max_subscriptions_per_conn: int = 0,
-                 max_inflight_per_conn: int = 0) -> None:
+                 max_inflight_per_conn: int = 0, max_memory_bytes: int = 0,
+                 idle_destination_seconds: float = 0.0) -> None:
         self.broker_id = broker_id
+        # memory (issue #12, defect 8; 0 = off): message bytes held here (queues' pending
+        # and in-flight, topic backlogs) may not pass max_memory_bytes -- a send that
+        # would is refused "memory_full", a non-persistent forward dropped; destinations
+        # with nothing in them and no consumer of their own are forgotten after
+        # idle_destination_seconds (a later message simply creates them again)
+        self.max_memory_bytes = max_memory_bytes
+        self.idle_destination_seconds = idle_destination_seconds
+        self._mem = 0                             # message bytes held (see above)
+        self._idle_due: float | None = None
+        self.collected = 0                        # destinations forgotten as idle
         # per client connection (issue #12, defect 7; 0 = unlimited): its consumers, and
         # the sum of their prefetch -- what it may hold delivered and unacked at once
         self.max_subscriptions_per_conn = max_subscriptions_per_conn
@@ -532,6 +545,7 @@ class Broker:
                 out.append(DeleteMessage(m.id, m.dst))
                 continue
             d.bytes += _size(m)
+            self._mem += _size(m)
             self._rest(d, m, now)  # it waited here across a restart: free to go anywhere
             self._hold(m.id)
             self._push_pending(d, m)
@@ -578,6 +592,7 @@ class Broker:
             return out
         d.enqueued -= 1
         d.bytes -= _size(m)
+        self._mem -= _size(m)
         self._release(msg_id)
         for key in (msg_id, f"{msg_id}#{len(m.path)}"):
             self._seen.discard(key)
@@ -591,8 +606,15 @@ class Broker:
     # ------------------------------------------------------------------ timers
 
     def next_deadline(self) -> float | None:
-        """When ``handle_timer`` next has work: the earliest pending expiry or replay
-        release, or None."""
+        """When ``handle_timer`` next has work: the earliest pending expiry, replay
+        release or idle-destination sweep, or None."""
+        when = self._next_message_deadline()
+        idle = self._idle_due
+        if idle is not None and (when is None or idle < when):
+            return idle
+        return when
+
+    def _next_message_deadline(self) -> float | None:
         heap = self._timers
         replay = self._replays[0][0] if self._replays else None
         while heap:
@@ -621,8 +643,37 @@ class Broker:
             _, _, d = heapq.heappop(replays)
             if d.alive and d.pending:
                 self._drain(d, now, out)   # rested messages now free to go back up
+        if self._idle_due is not None and now >= self._idle_due:
+            self._collect_idle(now)
         self._finish(now, out)
         return out
+
+    def _collect_idle(self, now: float) -> None:
+        """Forget destinations idle for ``idle_destination_seconds``: nothing pending, in
+        flight or queued for a subscriber, nobody blocked on them, no consumer of their
+        own (wildcard and fallback consumers find a recreated one through the index),
+        not a temporary one (those die with their owner).  Runs every half period."""
+        idle = self.idle_destination_seconds
+        for d in list(self._dests.values()):
+            if d.temp or d.pending or d.inflight or d.blocked or d.roomy:
+                continue
+            if len(d.consumers) != d.fallbacks and any(
+                    c.pattern == d.name for c in d.consumers):
+                continue
+            if d.touched < 0:
+                d.touched = now     # never used (created by a restore or a consumer)
+                continue
+            if now - d.touched < idle or any(c.backlog for c in d.consumers):
+                continue
+            d.alive = False
+            del self._dests[d.name]
+            self._dest_index.remove(d.name, d)
+            self._waiting.pop(d, None)
+            for c in d.consumers:
+                c.dests.pop(d, None)
+            d.consumers = []
+            self.collected += 1
+        self._idle_due = now + max(idle / 2, 0.5) if self._dests else None
 
     # ------------------------------------------------------------------ statistics
 
@@ -649,6 +700,8 @@ class Broker:
             "consumers": consumers,
             "dropped": dict(self._dropped),
             "dead_lettered": self._dead_lettered,
+            "memory": {"held_bytes": self._mem, "max_memory_bytes": self.max_memory_bytes,
+                       "destinations_collected": self.collected},
             "parked": sum(len(cs.parked) for cs in self._conns.values() if cs.parked),
             "index": self._subs.statistics(),
         }
@@ -737,6 +790,8 @@ class Broker:
                 m.redelivered += 1
                 requeue.setdefault(d, []).append(m)
         c.inflight.clear()
+        if c.backlog:
+            self._mem -= sum(map(_size, c.backlog))
         c.backlog = None
         dests = list(c.dests)
         c.dests.clear()
@@ -777,11 +832,15 @@ class Broker:
         m = Message(f.id, d.name, f.headers, f.body, f.persistent, f.priority, stamp,
                     now + ttl / 1000 if ttl > 0 else 0.0, f.reply_to)
         size = _size(m)
+        if self.max_memory_bytes and self._mem + size > self.max_memory_bytes:
+            self._refuse_memory(d, size)
         if d.limited and not self._check_limits(cs, d, size, out):
             return False
         d.enqueued += 1
+        d.touched = now
         if not d.topic:
             d.bytes += size
+            self._mem += size
             self._hold(m.id)
             if m.persistent and d.stored:
                 out.append(StoreMessage(m))
@@ -825,13 +884,20 @@ class Broker:
         m = Message(f.id, d.name, f.headers, f.body, f.persistent, f.priority,
                     f.timestamp or now, f.expires, f.reply_to, tuple(f.path), f.redelivered)
         size = _size(m)
+        if self.max_memory_bytes and not (m.persistent and d.stored) \
+                and self._mem + size > self.max_memory_bytes:
+            # a persistent queue message was confirmed upstream: it is taken (the store
+            # holds it); anything else may be lost, and is, rather than the broker
+            self._refuse_memory(d, size)
         if d.limited and not self._check_limits(cs, d, size, out):
             return False
         if key is not None:
             self._remember(key)
         d.enqueued += 1
+        d.touched = now
         if not d.topic:
             d.bytes += size
+            self._mem += size
             self._hold(m.id)
             if m.persistent and d.stored:
                 out.append(StoreMessage(m))
@@ -841,6 +907,11 @@ class Broker:
         else:
             self._dispatch_new(d, m, now, out)
         return True
+
+    def _refuse_memory(self, d: _Dest, size: int) -> None:
+        raise RemoteError(f"broker memory full: {self._mem} bytes of messages held, a "
+                          f"{size}-byte message to {d.name} would pass max_memory_bytes "
+                          f"{self.max_memory_bytes}; retry later", code="memory_full")
 
     def _refuse_forward(self, conn: str, f: Forward, exc: TreefedError, out: list) -> None:
         out.append(Out(conn, Error(exc.code, exc.message, f.id)))
@@ -860,7 +931,15 @@ class Broker:
             if name.startswith("temp-") and not self._subs.match(name):
                 raise RemoteError(f"{name} does not exist (its owner is gone)",
                                   code="no_such_destination")
+            if self.idle_destination_seconds and name.startswith("topic://") \
+                    and not self._subs.match(name):
+                # nobody subscribes: the message is dropped (no_route) and the name is
+                # not kept -- it would be idle at once; a flood of topic names costs
+                # nothing here (defect 8)
+                return _Dest(name, self.policies.for_destination(name))
             d = self._new_dest(name)
+            if self.idle_destination_seconds and self._idle_due is None:
+                self._idle_due = 0.0   # next_deadline: sweep at the next timer
         elif d.temp and d.owner is None and not d.consumers:
             raise RemoteError(f"{name} does not exist (its owner is gone)",
                               code="no_such_destination")
@@ -1132,8 +1211,10 @@ class Broker:
             backlog = c.backlog = deque()
         elif len(backlog) >= c.prefetch * TOPIC_BACKLOG_FACTOR:
             old = backlog.popleft()
+            self._mem -= _size(old)
             self._count_drop("overflow", old.id, old.dst, out)
         backlog.append(m)
+        self._mem += _size(m)
 
     def _give(self, c: _Consumer, d: _Dest, m: Message, out: list) -> None:
         if c.inflight is _NO_MESSAGES:
@@ -1163,6 +1244,7 @@ class Broker:
             backlog = c.backlog
             while backlog and len(c.inflight) < c.prefetch:
                 m = backlog.popleft()
+                self._mem -= _size(m)
                 d = self._dests.get(m.dst)
                 if d is None or not d.alive:
                     continue
@@ -1196,6 +1278,7 @@ class Broker:
         if not d.topic:
             self._release(m.id)
             d.bytes -= _size(m)
+            self._mem -= _size(m)
             if m.persistent and d.stored:
                 out.append(DeleteMessage(m.id, d.name, consumed))
             if d.blocked:
@@ -1282,6 +1365,7 @@ class Broker:
                     if c.backlog is None:
                         c.backlog = deque()
                     c.backlog.appendleft(replace(m, redelivered=m.redelivered + 1))
+                    self._mem += _size(m)
             elif exhausted:
                 self._discard(d, m, "max_redeliveries", out, dlq=d.name != self.dlq, now=now)
             else:
@@ -1403,6 +1487,7 @@ class Broker:
         """``m`` (already out of pending / in-flight) leaves queue ``d`` unconsumed."""
         self._release(m.id)
         d.bytes -= _size(m)
+        self._mem -= _size(m)
         if m.persistent and d.stored:
             out.append(DeleteMessage(m.id, d.name))
         self._count_drop(reason, m.id, d.name, out)
@@ -1422,6 +1507,7 @@ class Broker:
         dd = self._dests.get(self.dlq) or self._new_dest(self.dlq)
         dd.enqueued += 1
         dd.bytes += _size(dm)
+        self._mem += _size(dm)
         self._hold(dm.id)
         if dm.persistent and dd.stored:
             out.append(StoreMessage(dm))

@@ -115,6 +115,10 @@ CLIENT_HIGH_WATER = 50_000
 LINK_HIGH_WATER = 200_000
 #: Inbox capacity in reader pushes (each push is one received chunk's frames).
 INBOX_SIZE = 256
+#: Message body bytes the inbox may hold (read, not yet handled): past it the readers
+#: wait, so a flood of big messages stays in the sockets (TCP pushes back), not in RAM
+#: (issue #12, defect 8).  One chunk may pass it (a frame is read whole).
+INBOX_BYTES = 16 * 1024 * 1024
 #: Most inbox items folded into one batch, so one huge burst cannot starve the timers.
 MAX_BATCH = 512
 #: Seconds a closing connection may take to flush and to be closed by its peer.
@@ -135,6 +139,18 @@ _SOCKET_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 _UNSTORED = ("topic://", "temp-")
 _STORE_FULL = StoreError("the message store is full (max_store_bytes or the disk): "
                          "persistent message refused, retry later", code="store_full")
+
+
+def _body_bytes(frames: list) -> int:
+    """Message body bytes in one received chunk (Send / Forward frames)."""
+    n = 0
+    for f in frames:
+        kind = type(f)
+        if kind is Send or kind is Forward:
+            body = f.body
+            if type(body) is bytes:
+                n += len(body)
+    return n
 
 
 class _Conn:
@@ -240,7 +256,9 @@ class BrokerNode:
                         dlq=b.dlq, log_messages=config.logging.message_events,
                         replay_delay=tc.replay_delay if tc is not None else 0.0,
                         max_subscriptions_per_conn=b.max_subscriptions_per_connection,
-                        max_inflight_per_conn=b.max_inflight_per_connection)
+                        max_inflight_per_conn=b.max_inflight_per_connection,
+                        max_memory_bytes=b.max_memory_bytes,
+                        idle_destination_seconds=b.idle_destination_seconds)
         tree = config.tree_connector.tree_settings() if config.tree_connector else None
         self.site = Site(b.id, broker=broker, tree=tree,
                          accept_tree_children=b.accept_tree_children, log_advisories=True)
@@ -250,6 +268,8 @@ class BrokerNode:
         self._conns: dict[str, _Conn] = {}
         self._next_conn = 0
         self._inbox_send, self._inbox = trio.open_memory_channel[tuple](INBOX_SIZE)
+        self._inbox_bytes = 0               # message body bytes in the inbox
+        self._inbox_room = trio.Event()     # set when they fell below INBOX_BYTES
         self.addresses: list[tuple[str, int]] = []
         self._schemes: list[str] = []   # per address: "tcp" or "ssl"
         self.dialers: list[Dialer] = []
@@ -418,13 +438,17 @@ class BrokerNode:
             # its hello passed; a refused one has its error queued and is drained below
             if (self._auth is None or c.dialer is not None
                     or await self._authenticate(c, frames[0])):
+                self._inbox_bytes += _body_bytes(frames)
                 await inbox.send((c, frames))
             while not c.closing:
                 if c.paused:
                     await c.resume.wait()
                     continue
+                while self._inbox_bytes >= INBOX_BYTES:
+                    await self._inbox_room.wait()   # message bodies wait in the socket
                 frames = await framed.receive_frames()
                 c.last_rx = trio.current_time()
+                self._inbox_bytes += _body_bytes(frames)
                 await inbox.send((c, frames))
         except FrameError as exc:
             await inbox.send((c, exc))
@@ -584,6 +608,7 @@ class BrokerNode:
         actions: list = []
         for c, payload in batch:
             if type(payload) is list:
+                self._inbox_bytes -= _body_bytes(payload)
                 if not c.dead:
                     self._handle_frames(c, payload, now, actions)
             elif payload is _EOF:
@@ -592,6 +617,9 @@ class BrokerNode:
                 self._malformed(c, payload, now, actions)
         if deadline is not None and now >= deadline:
             actions += self.site.handle_timer(now)
+        if self._inbox_bytes < INBOX_BYTES:
+            self._inbox_room.set()
+            self._inbox_room = trio.Event()
         if actions:
             await self._perform(actions, now)
         self.batches += 1
