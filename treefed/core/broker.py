@@ -75,6 +75,7 @@ from treefed.core.actions import Action, DeleteMessage, Log, Out, Pause, Resume,
 from treefed.core.destinations import is_wildcard, parse_destination
 from treefed.core.index import SubscriptionIndex
 from treefed.core.message import Message
+from treefed.core.paging import Paged
 from treefed.core.policy import PolicySet
 from treefed.errors import DestinationError, LimitError, RemoteError, TreefedError
 from treefed.wire.frames import (
@@ -240,8 +241,10 @@ class Broker:
         self.max_memory_bytes = max_memory_bytes
         self.idle_destination_seconds = idle_destination_seconds
         self._mem = 0                             # message bytes held (see above)
+        self._paged = 0                           # of them, bodies paged out to the store
         self._idle_due: float | None = None
         self.collected = 0                        # destinations forgotten as idle
+        self.pageable = False   # the shell sets it when its store can read bodies back
         # per client connection (issue #12, defect 7; 0 = unlimited): its consumers, and
         # the sum of their prefetch -- what it may hold delivered and unacked at once
         self.max_subscriptions_per_conn = max_subscriptions_per_conn
@@ -593,6 +596,8 @@ class Broker:
         d.enqueued -= 1
         d.bytes -= _size(m)
         self._mem -= _size(m)
+        if type(m.body) is Paged:
+            self._paged -= len(m.body)
         self._release(msg_id)
         for key in (msg_id, f"{msg_id}#{len(m.path)}"):
             self._seen.discard(key)
@@ -648,6 +653,32 @@ class Broker:
         self._finish(now, out)
         return out
 
+    def page_out(self) -> int:
+        """Past a quarter of ``max_memory_bytes`` in memory, swap the bodies of waiting
+        persistent queue messages (newest first: the last to be delivered) for ``Paged``
+        markers until an eighth is left (a batch being committed is held twice: decoded
+        and encoded for the store, so the rest of the cap is its headroom).  Only call it right after a successful commit:
+        then every such message is in the store.  Returns the bytes paged out."""
+        cap = self.max_memory_bytes
+        if not (cap and self.pageable) or self._mem - self._paged <= cap // 4:
+            return 0
+        goal = self._mem - self._paged - cap // 8
+        freed = 0
+        for d in list(self._waiting):
+            if not d.stored:
+                continue
+            for m in reversed(d.pending):
+                body = m.body
+                if type(body) is bytes and m.persistent and len(body) >= 256:
+                    m.body = Paged(len(body), (m.id, d.name))
+                    freed += len(body)
+                    if freed >= goal:
+                        break
+            if freed >= goal:
+                break
+        self._paged += freed
+        return freed
+
     def _collect_idle(self, now: float) -> None:
         """Forget destinations idle for ``idle_destination_seconds``: nothing pending, in
         flight or queued for a subscriber, nobody blocked on them, no consumer of their
@@ -700,7 +731,8 @@ class Broker:
             "consumers": consumers,
             "dropped": dict(self._dropped),
             "dead_lettered": self._dead_lettered,
-            "memory": {"held_bytes": self._mem, "max_memory_bytes": self.max_memory_bytes,
+            "memory": {"held_bytes": self._mem, "paged_out_bytes": self._paged,
+                       "max_memory_bytes": self.max_memory_bytes,
                        "destinations_collected": self.collected},
             "parked": sum(len(cs.parked) for cs in self._conns.values() if cs.parked),
             "index": self._subs.statistics(),
@@ -832,7 +864,10 @@ class Broker:
         m = Message(f.id, d.name, f.headers, f.body, f.persistent, f.priority, stamp,
                     now + ttl / 1000 if ttl > 0 else 0.0, f.reply_to)
         size = _size(m)
-        if self.max_memory_bytes and self._mem + size > self.max_memory_bytes:
+        if self.max_memory_bytes and self._mem - self._paged + size > self.max_memory_bytes \
+                and not (m.persistent and d.stored and self.pageable):
+            # a persistent queue message is refused only where bodies cannot be paged
+            # out to a store (see page_out)
             self._refuse_memory(d, size)
         if d.limited and not self._check_limits(cs, d, size, out):
             return False
@@ -885,7 +920,7 @@ class Broker:
                     f.timestamp or now, f.expires, f.reply_to, tuple(f.path), f.redelivered)
         size = _size(m)
         if self.max_memory_bytes and not (m.persistent and d.stored) \
-                and self._mem + size > self.max_memory_bytes:
+                and self._mem - self._paged + size > self.max_memory_bytes:
             # a persistent queue message was confirmed upstream: it is taken (the store
             # holds it); anything else may be lost, and is, rather than the broker
             self._refuse_memory(d, size)
@@ -909,7 +944,8 @@ class Broker:
         return True
 
     def _refuse_memory(self, d: _Dest, size: int) -> None:
-        raise RemoteError(f"broker memory full: {self._mem} bytes of messages held, a "
+        raise RemoteError(f"broker memory full: {self._mem - self._paged} bytes of messages "
+                          f"held in memory, a "
                           f"{size}-byte message to {d.name} would pass max_memory_bytes "
                           f"{self.max_memory_bytes}; retry later", code="memory_full")
 
@@ -1279,6 +1315,8 @@ class Broker:
             self._release(m.id)
             d.bytes -= _size(m)
             self._mem -= _size(m)
+            if type(m.body) is Paged:
+                self._paged -= len(m.body)
             if m.persistent and d.stored:
                 out.append(DeleteMessage(m.id, d.name, consumed))
             if d.blocked:
@@ -1488,6 +1526,8 @@ class Broker:
         self._release(m.id)
         d.bytes -= _size(m)
         self._mem -= _size(m)
+        if type(m.body) is Paged:
+            self._paged -= len(m.body)
         if m.persistent and d.stored:
             out.append(DeleteMessage(m.id, d.name))
         self._count_drop(reason, m.id, d.name, out)

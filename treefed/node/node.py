@@ -90,6 +90,7 @@ import trio
 from treefed.config import BrokerConfig
 from treefed.core.actions import Close, DeleteMessage, Log, Out, Pause, Resume, StoreMessage
 from treefed.core.broker import Broker
+from treefed.core.paging import paged_key
 from treefed.errors import FrameError, RemoteError, StoreError, TreefedError
 from treefed.federation.settings import KINDS, LinkSettings
 from treefed.federation.site import Site
@@ -259,6 +260,10 @@ class BrokerNode:
                         max_inflight_per_conn=b.max_inflight_per_connection,
                         max_memory_bytes=b.max_memory_bytes,
                         idle_destination_seconds=b.idle_destination_seconds)
+        # persistent bodies may leave memory when the store can read them back (defect 8)
+        self._pageable = bool(b.max_memory_bytes) and self._threaded_store \
+            and hasattr(self.store, "load_bodies")
+        broker.pageable = self._pageable
         tree = config.tree_connector.tree_settings() if config.tree_connector else None
         self.site = Site(b.id, broker=broker, tree=tree,
                          accept_tree_children=b.accept_tree_children, log_advisories=True)
@@ -838,8 +843,12 @@ class BrokerNode:
                         c.resume.set()
                         c.resume = trio.Event()
             refused = None
+            if self._pageable:
+                await self._page_in(stores, deferred)
             if stores or deletes:
                 refused = await self._commit(stores, deletes, consumed)
+                if refused is None and self._pageable:
+                    self.site.broker.page_out()
             more: list = []
             if refused is not None:
                 deferred = self._take_back(refused, stores, deferred, now, more)
@@ -871,6 +880,38 @@ class BrokerNode:
                         c.out.append(a.error)
                     self._forget(c, now, more)
             actions = more
+
+    async def _page_in(self, stores: list, deferred: list) -> None:
+        """Read back from the store the bodies the core paged out (core/paging.py) that
+        this batch sends or stores again -- before its commit, which may delete their
+        rows (an ack, a dead-lettered copy)."""
+        wanted: dict = {}
+        for m in stores:
+            key = paged_key(m.body)
+            if key is not None:
+                wanted[key] = None
+        frames = []
+        for a in deferred:
+            if type(a) is Out:
+                frame = a.frame
+                kind = type(frame)
+                if kind is Deliver or kind is Forward:
+                    key = paged_key(frame.body)
+                    if key is not None:
+                        wanted[key] = None
+                        frames.append(frame)
+        if not wanted:
+            return
+        bodies = await trio.to_thread.run_sync(self.store.load_bodies, list(wanted))
+        missing = [k for k in wanted if k not in bodies]
+        if missing:
+            self.log.error("store.body_missing", messages=len(missing), first=missing[0])
+        for m in stores:
+            key = paged_key(m.body)
+            if key is not None:
+                m.body = bodies.get(key, b"")
+        for frame in frames:
+            frame.body = bodies.get(frame.body.key, b"")
 
     def _take_back(self, refused: dict, stores: list, deferred: list, now: float,
                    more: list) -> list:
