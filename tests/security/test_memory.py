@@ -287,3 +287,37 @@ async def test_persistent_flood_is_paged_out_and_delivered_intact(tmp_path):
     finally:
         proc.terminate()
         proc.cleanup()
+
+
+async def test_restored_backlog_is_paged_out_and_delivered(nursery, tmp_path):
+    """A restart restores a stored backlog bigger than the cap's quarter: its bodies are
+    paged out at once and still delivered intact (in-process broker, SQLite store)."""
+    from treefed.client import connect
+    from treefed.core.message import Message
+    from treefed.node import BrokerNode
+    from treefed.persistence import SqliteStore
+    from tests.node.helpers import make_config, wait_for
+    store = SqliteStore(tmp_path / "data")
+    bodies = {f"r{i}": os.urandom(20_000) for i in range(40)}
+    store.apply([Message(i, "queue://Backlog", body=b, persistent=True)
+                 for i, b in bodies.items()], [])
+    node = BrokerNode(make_config(tmp_path / "data", "b", max_memory_bytes=400_000),
+                      store=store)
+    assert node.restore() == 40
+    memory = node.site.broker.statistics()["memory"]
+    assert memory["paged_out_bytes"] >= 40 * 20_000 - 400_000 // 8 - 20_000
+    (host, port), *_ = await nursery.start(node.serve)
+    with trio.fail_after(20):
+        async with connect(f"tcp://{host}:{port}") as consumer:
+            sub = await consumer.subscribe("queue://Backlog", prefetch=5)
+            got = {}
+            for _ in range(40):
+                msg = await sub.receive()
+                got[msg.id] = msg.body
+                await msg.ack()
+            assert got == bodies
+            await wait_for(lambda: node.site.broker.statistics()["memory"]
+                           == {"held_bytes": 0, "paged_out_bytes": 0,
+                               "max_memory_bytes": 400_000, "destinations_collected": 0})
+    await node.shutdown()
+    store.close()

@@ -61,11 +61,20 @@ exists (``transport.tls.serve_tls``); ``ssl://`` connectors dial with the client
 and send the connector's credentials in their hello.  With authentication on, an
 accepted connection's reader authenticates its hello *before* the site task sees it: the
 scrypt check runs in a worker thread (a few at a time), so a login never stalls the
-broker; a failure is logged without the password, waits the Authenticator's delay, gets
+broker; attempts are serialised per source address and per user name, wait what earlier
+failures still owe before the check and are locked out after N failures
+(``node/login.py``, issue #12 defect 10); a failure is logged without the password, gets
 ``Error(auth_failed)`` and is closed.  Connections that authenticated to us get a
 ``security.Guard`` that screens each frame (subscribe, send, stat, advisory, forward)
 before the Site, against permissions and, on tree child links, the child's scope.
 Links we dialed are not screened: we chose the peer, and TLS verified it.
+
+Memory (issue #12, defect 8).  The inbox is bounded in message-body bytes too
+(``INBOX_BYTES``): readers wait while it is over, so a flood of big messages waits in the
+sockets.  A client with more than ``max_pending_bytes_per_connection`` queued to it is
+closed (``overflow``).  The core caps held message bytes (``max_memory_bytes``); with the
+SQLite store, waiting persistent bodies are paged out after a commit and read back here
+(``_page_in``) before the batch that sends them commits.
 
 Garbage collection.  Messages, frames and actions are freed by reference counting; the
 cyclic collector finds little.  But with its default young threshold (700 allocations)
@@ -322,6 +331,8 @@ class BrokerNode:
         deletes = [(a.msg_id, a.dst) for a in actions if type(a) is DeleteMessage]
         if deletes:
             self.store.apply([], deletes)
+        if self._pageable:   # every restored message is in the store: bodies may go
+            self.site.broker.page_out()
         self.log.info("broker.restored", messages=len(messages), discarded=len(deletes),
                       consumed=len(consumed))
         return len(messages)
