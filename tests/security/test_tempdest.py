@@ -104,10 +104,8 @@ async def test_compromised_store_cannot_take_hq_replies(nursery, tmp_path, mode)
             # HQ's interest in its reply queue reaches the compromised store: its name
             # is no secret there (tree: root interest flows down; mesh: it floods)
             await fake.wait(lambda f: type(f) is Advisory and f.dst == REPLY_Q)
-            attack = [Advisory("add", "s2/c1/wild", "temp-queue://>", "s2")]
-            if mode == "tree":   # mesh has no subtrees: a named temp may come by any
-                #                  route there (see treefed/federation/temps.py)
-                attack.append(Advisory("add", "s2/c1/named", REPLY_Q, "s2"))
+            attack = [Advisory("add", "s2/c1/wild", "temp-queue://>", "s2"),
+                      Advisory("add", "s2/c1/named", REPLY_Q, "s2")]
             await fake.send(*attack)
             for adv in attack:
                 assert (await fake.error(adv.consumer)).code == "not_authorized"
@@ -153,3 +151,26 @@ async def test_client_at_another_store_cannot_consume_hq_reply_queue(nursery, tm
             with pytest.raises(RemoteError):
                 await thief.subscribe("temp-queue://>")
         await fake.aclose()
+
+
+class TestMeshTriangle:
+    def test_owner_interest_by_two_routes_is_kept_another_claim_refused(self):
+        """Mesh: A's reply queue reaches C directly and through B (both kept: one
+        owner); a claim by another connection on the same name is refused."""
+        from treefed.federation import LinkSettings
+        from treefed.federation.testing import Estate
+        e = Estate()
+        for name in "ABC":
+            e.add(name)
+        s = LinkSettings(duplex=True, network_ttl=2)
+        assert e.link("A", "B", s) and e.link("B", "C", s) and e.link("A", "C", s)
+        e.subscribe("A", "r", REPLY_Q)
+        e.run_until_quiet()
+        c = e.sites["C"]
+        assert sum(len([i for i in b.remote.values() if i.dst == REPLY_Q])
+                   for b in c.links()) == 2
+        assert not e.events("advisory.dropped", reason="forbidden")
+        e.inject("C", e.conn_to("C", "B"),
+                 Advisory("add", "B/evil/x", REPLY_Q, "B", None, 0, []))
+        e.run_until_quiet()
+        assert len(e.events("advisory.dropped", reason="forbidden")) == 1

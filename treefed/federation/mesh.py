@@ -72,7 +72,7 @@ class MeshPolicy:
         if adv.origin == me or me in adv.path:
             return "loop"
         if adv.dst.startswith("temp-"):
-            refusal = temp_refusal(bridge, adv.dst, tree=False)
+            refusal = temp_refusal(bridge, adv.dst, tree=False, consumer=adv.consumer)
             if refusal is not None:
                 return refusal
         return None if self._open else self.permit(adv.dst)

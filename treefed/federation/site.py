@@ -96,7 +96,7 @@ class Site:
 
     __slots__ = ("broker_id", "broker", "tree", "accept_tree_children", "log", "counters",
                  "dropped", "route_unknown_up", "ancestry_set", "_ancestry", "_bridges",
-                 "_lanes", "_active", "_rivals", "_locals", "_owner", "_seq")
+                 "_lanes", "_active", "_rivals", "_locals", "_owner", "_seq", "temp_owners")
 
     def __init__(self, broker_id: str, *, broker: Any, tree: TreeSettings | None = None,
                  accept_tree_children: bool = True, log_advisories: bool = True) -> None:
@@ -119,6 +119,9 @@ class Site:
         #                                    (duplicate suppression: the kept one + rivals)
         self._locals: dict[str, dict[str, Interest]] = {}  # client conn -> sub -> interest
         self._owner: dict[str, Bridge] = {}         # broker id -> child link (tree)
+        # temp destination -> [its owner "<origin>/<conn>", active interests in it]
+        # (federation/temps.py: one temp name, one owning connection; issue #12)
+        self.temp_owners: dict[str, list] = {}
         self._seq = 0
 
     # -- identity ------------------------------------------------------------------
@@ -413,11 +416,23 @@ class Site:
             return
         it.active = True
         self._active[it.key] = it
+        if it.dst.startswith("temp-"):
+            held = self.temp_owners.get(it.dst)
+            if held is None:
+                self.temp_owners[it.dst] = [it.consumer.rpartition("/")[0], 1]
+            else:
+                held[1] += 1
         self._advertise(it, out)
 
     def _deactivate(self, it: Interest, out: list, now: float, *, gone: bool = False) -> None:
         it.active = False
         del self._active[it.key]
+        if it.dst.startswith("temp-"):
+            held = self.temp_owners.get(it.dst)
+            if held is not None:
+                held[1] -= 1
+                if held[1] <= 0:
+                    del self.temp_owners[it.dst]
         if it.source is not None:
             it.source.leave_demand(it, out, now, gone=gone)
         for bridge in it.sent_to:

@@ -10,6 +10,10 @@ other so that replies find their way back.  Nobody else may consume it, so on a 
   could only be an attempt to read other connections' replies;
 * interest in a temp name that a client of *this* broker owns is refused (the core also
   refuses such demand): the rightful consumer is here, not behind the peer;
+* interest in a temp name for a consumer of another connection than the one whose
+  interest already holds it (consumer ids ``<origin>/<conn>/<sub>``: ``Site.temp_owners``)
+  is refused, on both connectors -- mesh routes may bring the owner's interest several
+  times, never another connection's;
 * on a tree link, the first route a temp name's interest arrived by owns it: a child may
   advertise a temp name only while no other connection here -- a local client, the
   parent link or another child link -- holds interest in it.  A child therefore can
@@ -40,14 +44,18 @@ def refused_error(adv: Any) -> Error:
                                    "wildcard over temporary names)", adv.consumer)
 
 
-def temp_refusal(bridge: Any, dst: str, *, tree: bool) -> str | None:
+def temp_refusal(bridge: Any, dst: str, *, tree: bool, consumer: str = "") -> str | None:
     """Why ``bridge``'s peer may not hold interest in the temp destination ``dst``
-    (canonical, ``temp-`` prefixed), or None."""
+    (canonical, ``temp-`` prefixed) for ``consumer``, or None."""
     if is_wildcard(dst):
         return "forbidden"
-    broker = bridge.site.broker
+    site = bridge.site
+    broker = site.broker
     if broker.temp_owner(dst) is not None:
         return "forbidden"
+    held = site.temp_owners.get(dst)
+    if held is not None and consumer and held[0] != consumer.rpartition("/")[0]:
+        return "forbidden"   # interest of another connection holds the name already
     if tree:
         # by peer id, not conn: a child that reconnected before its old link was found
         # dead re-advertises over the new conn while the old one still holds the demand

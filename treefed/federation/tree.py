@@ -60,7 +60,7 @@ class TreePolicy:
     def accept(self, bridge: "Bridge", adv: "Advisory") -> str | None:
         reason = self._accept(bridge, adv)
         if reason is None and adv.dst.startswith("temp-"):
-            return temp_refusal(bridge, adv.dst, tree=True)   # issue #12, defect 3
+            return temp_refusal(bridge, adv.dst, tree=True, consumer=adv.consumer)   # issue #12, defect 3
         return reason
 
     def _accept(self, bridge: "Bridge", adv: "Advisory") -> str | None:
