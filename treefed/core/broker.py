@@ -55,6 +55,16 @@ Flow control ("block"): a Send to a full destination is parked, not accepted, an
 connection is paused; its later sends queue behind it in order; when the destination has
 room they are admitted in order and the connection resumed.
 
+Limits (issue #12).  A temporary destination belongs to the connection that created it:
+no wildcard over temp names, no other consumer (``_check_temp``).  A client connection
+holds at most ``max_subscriptions_per_conn`` consumers and ``max_inflight_per_conn`` of
+summed prefetch.  ``max_memory_bytes`` caps the message bytes held (``_mem``: queues'
+pending and in flight, topic backlogs); past it sends are refused ``memory_full`` and
+non-persistent forwards dropped, and ``page_out`` swaps waiting persistent bodies for
+``core.paging.Paged`` markers the shell reads back from its store.  With
+``idle_destination_seconds`` a timer forgets empty destinations without consumers of
+their own, and a topic nobody subscribes to is never kept.
+
 Refusals: whatever a peer sends that is wrong becomes ``Out(conn, Error(code, message,
 ref))`` to that conn only; TreefedError subclasses raised inside are turned into Error
 frames at the entry point.  Anything else escaping is a bug in this module.
