@@ -118,6 +118,7 @@ async def test_100k_subscriptions_from_one_client_do_not_refuse_others(nursery,
         await peer.aclose()
 
 
+@pytest.mark.slow
 async def test_store_without_limits_cannot_starve_others_at_the_parent(nursery, tmp_path):
     """The store's own per-connection limit is off; the region's per-child cap (8,000)
     still leaves room: the flooding client gets its share only."""
