@@ -86,6 +86,16 @@ class BrokerSection:
     accept_mesh: bool = True         # refuse mesh hellos when false
     max_store_bytes: int = 0         # message store size cap (0 = the disk): when reached,
     #                                  persistent sends are refused with "store_full"
+    # one client connection's share (issue #12, defect 7; 0 = unlimited)
+    max_subscriptions_per_connection: int = 10_000
+    max_inflight_per_connection: int = 1_000_000   # sum of its consumers' prefetch
+    max_pending_bytes_per_connection: int = 64 * 1024 * 1024  # queued to it, unsent
+    # memory (issue #12, defect 8)
+    max_memory_bytes: int = 512 * 1024 * 1024  # message bytes held in memory (queues,
+    #                                  topic backlogs); past it sends are refused
+    #                                  "memory_full"; 0 = no cap
+    idle_destination_seconds: float = 300.0  # an empty destination without consumers of
+    #                                  its own is forgotten after this long; 0 = never
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +275,9 @@ class SecurityConfig:
     authentication: bool = False     # hellos must carry valid credentials
     failure_delay: float = 1.0       # seconds before refusing a failed login, doubling
     max_failure_delay: float = 30.0  #   per recent failure up to this
+    failure_window: float = 300.0    # failures older than this are forgotten
+    lockout_failures: int = 10       # failures (per source / per user) that lock it out
+    #                                  for failure_window; 0 = never (issue #12 defect 10)
     temp_destinations: bool = True   # temp (reply) queues open to users and tree children
     users: tuple[UserConfig, ...] = ()
     permissions: tuple[PermissionConfig, ...] = ()
@@ -278,7 +291,9 @@ class SecurityConfig:
         return Authenticator([User(u.name, u.password_hash, u.groups, u.brokers)
                               for u in self.users], required=self.authentication,
                              failure_delay=self.failure_delay,
-                             max_failure_delay=self.max_failure_delay)
+                             max_failure_delay=self.max_failure_delay,
+                             failure_window=self.failure_window,
+                             lockout_failures=self.lockout_failures)
 
     def authorizer(self) -> Any:
         """A ``security.Authorizer``; None when authentication is off (nobody to check)."""
@@ -477,6 +492,11 @@ _BROKER: dict[str, tuple[Checker, Any]] = {
     "accept_tree_children": (_bool, True),
     "accept_mesh": (_bool, True),
     "max_store_bytes": (_int(0), 0),
+    "max_subscriptions_per_connection": (_int(0), 10_000),
+    "max_inflight_per_connection": (_int(0), 1_000_000),
+    "max_pending_bytes_per_connection": (_int(0), 64 * 1024 * 1024),
+    "max_memory_bytes": (_int(0), 512 * 1024 * 1024),
+    "idle_destination_seconds": (_number(0.0), 300.0),
 }
 
 def _log_level(value: Any, key: str) -> str:
@@ -582,6 +602,8 @@ _SECURITY: dict[str, tuple[Checker, Any]] = {
     "authentication": (_bool, False),
     "failure_delay": (_number(0.0), 1.0),
     "max_failure_delay": (_number(0.0), 30.0),
+    "failure_window": (_number(1.0), 300.0),
+    "lockout_failures": (_int(0), 10),
     "temp_destinations": (_bool, True),
 }
 _USER: dict[str, tuple[Checker, Any]] = {

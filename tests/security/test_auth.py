@@ -133,27 +133,31 @@ class TestFailureDelay:
                   for i in range(3)]
         assert delays == [0.5, 1.0, 2.0]
 
-    def test_unknown_user_names_are_not_tracked(self, auth):
-        """Names that are no user are counted by source only (no memory per guess)."""
+    def test_unknown_user_names_are_tracked_like_known_ones(self, auth):
+        """Names that are no user are counted per name too (issue #12, defect 10): a
+        lockout that only known names reach would tell which names exist.  Memory stays
+        bounded by max_tracked (test_tracking_is_bounded)."""
         for i in range(3):
             auth.authenticate(client(f"guess{i}", "x"), 0.0, source="s")
-        assert auth.failures("src:s") == 3 and auth.failures("user:guess0") == 0
+        assert auth.failures("src:s") == 3 and auth.failures("user:guess0") == 1
 
-    def test_success_clears_and_window_forgets(self, auth):
-        """A success resets the counters; failures older than the window are forgotten."""
+    def test_success_clears_its_user_only_and_window_forgets(self, auth):
+        """A success resets its user's counter but not its source's (a guesser with an
+        account of its own cannot reset its address, issue #12 defect 10); failures
+        older than the window are forgotten."""
         auth.authenticate(client("alice", "x"), 0.0, source="s")
         auth.authenticate(client("alice", "x"), 1.0, source="s")
         assert auth.authenticate(client("alice", "wonderland"), 2.0, source="s").ok
-        assert auth.failures("src:s") == 0 and auth.failures("user:alice") == 0
+        assert auth.failures("src:s") == 2 and auth.failures("user:alice") == 0
         auth.authenticate(client("alice", "x"), 3.0, source="s")
-        assert auth.authenticate(client("alice", "x"), 100.0, source="s").delay == 0.5
+        assert auth.authenticate(client("alice", "x"), 400.0, source="s").delay == 0.5
 
     def test_tracking_is_bounded(self):
         """Failures from endless sources do not grow memory without bound."""
         auth = Authenticator(USERS, max_tracked=50)
         for i in range(500):
             auth.authenticate(client("nobody", "x"), 0.0, source=f"h{i}")
-        assert len(auth._failures) <= 51
+        assert len(auth.throttle._state) <= 51
 
     def test_check_and_settle_split(self, auth):
         """check() has no side effects (thread-safe); settle() records and sets delay."""

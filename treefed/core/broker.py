@@ -55,6 +55,16 @@ Flow control ("block"): a Send to a full destination is parked, not accepted, an
 connection is paused; its later sends queue behind it in order; when the destination has
 room they are admitted in order and the connection resumed.
 
+Limits (issue #12).  A temporary destination belongs to the connection that created it:
+no wildcard over temp names, no other consumer (``_check_temp``).  A client connection
+holds at most ``max_subscriptions_per_conn`` consumers and ``max_inflight_per_conn`` of
+summed prefetch.  ``max_memory_bytes`` caps the message bytes held (``_mem``: queues'
+pending and in flight, topic backlogs); past it sends are refused ``memory_full`` and
+non-persistent forwards dropped, and ``page_out`` swaps waiting persistent bodies for
+``core.paging.Paged`` markers the shell reads back from its store.  With
+``idle_destination_seconds`` a timer forgets empty destinations without consumers of
+their own, and a topic nobody subscribes to is never kept.
+
 Refusals: whatever a peer sends that is wrong becomes ``Out(conn, Error(code, message,
 ref))`` to that conn only; TreefedError subclasses raised inside are turned into Error
 frames at the entry point.  Anything else escaping is a bug in this module.
@@ -75,6 +85,7 @@ from treefed.core.actions import Action, DeleteMessage, Log, Out, Pause, Resume,
 from treefed.core.destinations import is_wildcard, parse_destination
 from treefed.core.index import SubscriptionIndex
 from treefed.core.message import Message
+from treefed.core.paging import Paged
 from treefed.core.policy import PolicySet
 from treefed.errors import DestinationError, LimitError, RemoteError, TreefedError
 from treefed.wire.frames import (
@@ -139,10 +150,13 @@ class ConsumerInfo:
 
 
 class _Conn:
-    __slots__ = ("name", "consumers", "forwarded", "parked", "blocked_on", "temps", "revisit")
+    __slots__ = ("name", "consumers", "forwarded", "parked", "blocked_on", "temps", "revisit",
+                 "credit")
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.credit = 0                               # local consumers' prefetch, summed:
+        #                                               the most it may have in flight
         self.consumers: dict[str, _Consumer] = {}     # sub_id -> consumer
         self.forwarded: dict[str, _Consumer] = {}     # msg id -> network consumer holding it,
         #                                              so a ForwardAck (ids only) finds it
@@ -189,7 +203,7 @@ class _Dest:
     __slots__ = ("name", "topic", "temp", "stored", "policy", "local_only", "limited",
                  "consumers", "fallbacks", "replayers", "pending", "inflight", "bytes", "enqueued",
                  "dequeued", "expiring", "next_expiry", "blocked", "roomy", "owner", "alive",
-                 "replay_timer")
+                 "replay_timer", "touched")
 
     def __init__(self, name: str, policy: Any) -> None:
         self.name = name
@@ -215,6 +229,8 @@ class _Dest:
         self.owner: str | None = None          # temp destinations: owning conn
         self.alive = True
         self.replay_timer = 0.0                # latest replay timer scheduled for it
+        self.touched = -1.0                    # last message admitted (idle collection;
+        #                                        -1: none yet)
 
 
 class Broker:
@@ -223,8 +239,26 @@ class Broker:
     def __init__(self, broker_id: str, policies: PolicySet | None = None, *,
                  max_redeliveries: int = 6, dlq: str = "queue://DLQ",
                  log_messages: bool = True, dedup_window: int = 100_000,
-                 replay_delay: float = 0.0) -> None:
+                 replay_delay: float = 0.0, max_subscriptions_per_conn: int = 0,
+                 max_inflight_per_conn: int = 0, max_memory_bytes: int = 0,
+                 idle_destination_seconds: float = 0.0) -> None:
         self.broker_id = broker_id
+        # memory (issue #12, defect 8; 0 = off): message bytes held here (queues' pending
+        # and in-flight, topic backlogs) may not pass max_memory_bytes -- a send that
+        # would is refused "memory_full", a non-persistent forward dropped; destinations
+        # with nothing in them and no consumer of their own are forgotten after
+        # idle_destination_seconds (a later message simply creates them again)
+        self.max_memory_bytes = max_memory_bytes
+        self.idle_destination_seconds = idle_destination_seconds
+        self._mem = 0                             # message bytes held (see above)
+        self._paged = 0                           # of them, bodies paged out to the store
+        self._idle_due: float | None = None
+        self.collected = 0                        # destinations forgotten as idle
+        self.pageable = False   # the shell sets it when its store can read bodies back
+        # per client connection (issue #12, defect 7; 0 = unlimited): its consumers, and
+        # the sum of their prefetch -- what it may hold delivered and unacked at once
+        self.max_subscriptions_per_conn = max_subscriptions_per_conn
+        self.max_inflight_per_conn = max_inflight_per_conn
         self.replay_delay = replay_delay      # a rested message goes back up its path (to
         #   a fallback consumer) only this long after it rested: a consumer restarting at
         #   a store gets its backlog, in order, instead of it touring the tree
@@ -329,13 +363,11 @@ class Broker:
             raise RemoteError(f"prefetch must be at least 1, not {prefetch!r}", code="bad_frame")
         wildcard = is_wildcard(pattern)
         temp = pattern.startswith("temp-")
-        if temp and peer is None:
-            if wildcard:
-                raise DestinationError(f"a temporary destination cannot be subscribed by "
-                                       f"wildcard: {pattern!r}")
-            existing = self._dests.get(pattern)
-            if existing is not None and existing.owner not in (None, conn):
-                raise RemoteError(f"{pattern} belongs to another connection", code="forbidden")
+        if temp:
+            self._check_temp(conn, pattern, wildcard, peer)
+        if peer is None and (self.max_subscriptions_per_conn
+                             or self.max_inflight_per_conn):
+            self._check_conn_limits(cs, prefetch)
         if isinstance(selector, str):
             if selector.strip():
                 from treefed.core.selector import compile_selector  # lazy: lark grammar
@@ -362,6 +394,8 @@ class Broker:
                       f"{self.broker_id}/{conn}/{sub_id}" if peer is None else None, seq,
                       replay)
         cs.consumers[sub_id] = c
+        if peer is None:
+            cs.credit += prefetch
         self._subs.insert(pattern, c)
         out: list[Action] = []
         if peer is None:
@@ -374,6 +408,40 @@ class Broker:
                     self._drain(d, now, out)
         self._finish(now, out)
         return out
+
+    def _check_conn_limits(self, cs: _Conn, prefetch: int) -> None:
+        """One client connection's share of this broker (issue #12, defect 7): a client
+        opening endless subscriptions is refused here, at its own broker, before its
+        interest can fill a parent's per-child cap and starve every other consumer."""
+        most = self.max_subscriptions_per_conn
+        if most and len(cs.consumers) >= most:
+            raise LimitError(f"connection already has {len(cs.consumers)} subscriptions "
+                             f"(max_subscriptions_per_connection {most})")
+        most = self.max_inflight_per_conn
+        if most and cs.credit + prefetch > most:
+            raise LimitError(f"prefetch {prefetch} would let this connection hold "
+                             f"{cs.credit + prefetch} messages in flight "
+                             f"(max_inflight_per_connection {most})")
+
+    def _check_temp(self, conn: str, pattern: str, wildcard: bool, peer: str | None) -> None:
+        """A temporary destination belongs to the connection that created it (issue #12,
+        defect 3): nobody -- client or peer broker -- subscribes to temp names by
+        wildcard; a client may not subscribe to a temp name that exists elsewhere
+        (another connection here owns it, or demand for it came over a link: it was
+        created at another broker); a peer may not claim one a client here owns."""
+        if wildcard:
+            raise DestinationError(f"a temporary destination cannot be subscribed by "
+                                   f"wildcard: {pattern!r}")
+        existing = self._dests.get(pattern)
+        owner = existing.owner if existing is not None else None
+        if peer is None:
+            if owner not in (None, conn) or any(
+                    c.conn != conn for c in self._subs.match(pattern)):
+                raise RemoteError(f"{pattern} belongs to another connection",
+                                  code="forbidden")
+        elif owner is not None:
+            raise RemoteError(f"{pattern} belongs to a connection of this broker",
+                              code="forbidden")
 
     def remove_consumer(self, conn: str, sub_id: str, now: float) -> list[Action]:
         """Close a consumer: its in-flight messages are requeued (redelivered + 1)."""
@@ -395,6 +463,11 @@ class Broker:
         cs = self._conns.get(conn)
         c = cs.consumers.get(sub_id) if cs is not None else None
         return _info(c) if c is not None else None
+
+    def temp_owner(self, name: str) -> str | None:
+        """The local connection owning temporary destination ``name``, or None."""
+        d = self._dests.get(name)
+        return d.owner if d is not None else None
 
     def consumers_for(self, dst: str) -> list[ConsumerInfo]:
         """Consumers a message to concrete ``dst`` would be considered for, in dispatch
@@ -490,6 +563,7 @@ class Broker:
                 out.append(DeleteMessage(m.id, m.dst))
                 continue
             d.bytes += _size(m)
+            self._mem += _size(m)
             self._rest(d, m, now)  # it waited here across a restart: free to go anywhere
             self._hold(m.id)
             self._push_pending(d, m)
@@ -536,6 +610,9 @@ class Broker:
             return out
         d.enqueued -= 1
         d.bytes -= _size(m)
+        self._mem -= _size(m)
+        if type(m.body) is Paged:
+            self._paged -= len(m.body)
         self._release(msg_id)
         for key in (msg_id, f"{msg_id}#{len(m.path)}"):
             self._seen.discard(key)
@@ -549,8 +626,15 @@ class Broker:
     # ------------------------------------------------------------------ timers
 
     def next_deadline(self) -> float | None:
-        """When ``handle_timer`` next has work: the earliest pending expiry or replay
-        release, or None."""
+        """When ``handle_timer`` next has work: the earliest pending expiry, replay
+        release or idle-destination sweep, or None."""
+        when = self._next_message_deadline()
+        idle = self._idle_due
+        if idle is not None and (when is None or idle < when):
+            return idle
+        return when
+
+    def _next_message_deadline(self) -> float | None:
         heap = self._timers
         replay = self._replays[0][0] if self._replays else None
         while heap:
@@ -579,8 +663,63 @@ class Broker:
             _, _, d = heapq.heappop(replays)
             if d.alive and d.pending:
                 self._drain(d, now, out)   # rested messages now free to go back up
+        if self._idle_due is not None and now >= self._idle_due:
+            self._collect_idle(now)
         self._finish(now, out)
         return out
+
+    def page_out(self) -> int:
+        """Past a quarter of ``max_memory_bytes`` in memory, swap the bodies of waiting
+        persistent queue messages (newest first: the last to be delivered) for ``Paged``
+        markers until an eighth is left (a batch being committed is held twice: decoded
+        and encoded for the store, so the rest of the cap is its headroom).  Only call it right after a successful commit:
+        then every such message is in the store.  Returns the bytes paged out."""
+        cap = self.max_memory_bytes
+        if not (cap and self.pageable) or self._mem - self._paged <= cap // 4:
+            return 0
+        goal = self._mem - self._paged - cap // 8
+        freed = 0
+        for d in list(self._waiting):
+            if not d.stored:
+                continue
+            for m in reversed(d.pending):
+                body = m.body
+                if type(body) is bytes and m.persistent and len(body) >= 256:
+                    m.body = Paged(len(body), (m.id, d.name))
+                    freed += len(body)
+                    if freed >= goal:
+                        break
+            if freed >= goal:
+                break
+        self._paged += freed
+        return freed
+
+    def _collect_idle(self, now: float) -> None:
+        """Forget destinations idle for ``idle_destination_seconds``: nothing pending, in
+        flight or queued for a subscriber, nobody blocked on them, no consumer of their
+        own (wildcard and fallback consumers find a recreated one through the index),
+        not a temporary one (those die with their owner).  Runs every half period."""
+        idle = self.idle_destination_seconds
+        for d in list(self._dests.values()):
+            if d.temp or d.pending or d.inflight or d.blocked or d.roomy:
+                continue
+            if len(d.consumers) != d.fallbacks and any(
+                    c.pattern == d.name for c in d.consumers):
+                continue
+            if d.touched < 0:
+                d.touched = now     # never used (created by a restore or a consumer)
+                continue
+            if now - d.touched < idle or any(c.backlog for c in d.consumers):
+                continue
+            d.alive = False
+            del self._dests[d.name]
+            self._dest_index.remove(d.name, d)
+            self._waiting.pop(d, None)
+            for c in d.consumers:
+                c.dests.pop(d, None)
+            d.consumers = []
+            self.collected += 1
+        self._idle_due = now + max(idle / 2, 0.5) if self._dests else None
 
     # ------------------------------------------------------------------ statistics
 
@@ -626,6 +765,9 @@ class Broker:
             "dead_lettered": self._dead_lettered,
             "messages": {"produced": self.produced, "received": self.received,
                          "delivered": self.delivered, "forwarded": self.forwarded},
+            "memory": {"held_bytes": self._mem, "paged_out_bytes": self._paged,
+                       "max_memory_bytes": self.max_memory_bytes,
+                       "destinations_collected": self.collected},
             "parked": sum(len(cs.parked) for cs in self._conns.values() if cs.parked),
             "index": self._subs.statistics(),
         }
@@ -699,6 +841,8 @@ class Broker:
     def _remove(self, c: _Consumer, now: float, out: list) -> None:
         cs = c.cs
         del cs.consumers[c.sub_id]
+        if c.peer is None:
+            cs.credit -= c.prefetch
         self._subs.remove(c.pattern, c)
         requeue: dict[_Dest, list[Message]] = {}
         for m in c.inflight.values():
@@ -712,6 +856,8 @@ class Broker:
                 m.redelivered += 1
                 requeue.setdefault(d, []).append(m)
         c.inflight.clear()
+        if c.backlog:
+            self._mem -= sum(map(_size, c.backlog))
         c.backlog = None
         dests = list(c.dests)
         c.dests.clear()
@@ -752,11 +898,18 @@ class Broker:
         m = Message(f.id, d.name, f.headers, f.body, f.persistent, f.priority, stamp,
                     now + ttl / 1000 if ttl > 0 else 0.0, f.reply_to)
         size = _size(m)
+        if self.max_memory_bytes and self._mem - self._paged + size > self.max_memory_bytes \
+                and not (m.persistent and d.stored and self.pageable):
+            # a persistent queue message is refused only where bodies cannot be paged
+            # out to a store (see page_out)
+            self._refuse_memory(d, size)
         if d.limited and not self._check_limits(cs, d, size, out):
             return False
         d.enqueued += 1
+        d.touched = now
         if not d.topic:
             d.bytes += size
+            self._mem += size
             self._hold(m.id)
             if m.persistent and d.stored:
                 out.append(StoreMessage(m))
@@ -801,13 +954,20 @@ class Broker:
         m = Message(f.id, d.name, f.headers, f.body, f.persistent, f.priority,
                     f.timestamp or now, f.expires, f.reply_to, tuple(f.path), f.redelivered)
         size = _size(m)
+        if self.max_memory_bytes and not (m.persistent and d.stored) \
+                and self._mem - self._paged + size > self.max_memory_bytes:
+            # a persistent queue message was confirmed upstream: it is taken (the store
+            # holds it); anything else may be lost, and is, rather than the broker
+            self._refuse_memory(d, size)
         if d.limited and not self._check_limits(cs, d, size, out):
             return False
         if key is not None:
             self._remember(key)
         d.enqueued += 1
+        d.touched = now
         if not d.topic:
             d.bytes += size
+            self._mem += size
             self._hold(m.id)
             if m.persistent and d.stored:
                 out.append(StoreMessage(m))
@@ -818,6 +978,12 @@ class Broker:
         else:
             self._dispatch_new(d, m, now, out)
         return True
+
+    def _refuse_memory(self, d: _Dest, size: int) -> None:
+        raise RemoteError(f"broker memory full: {self._mem - self._paged} bytes of messages "
+                          f"held in memory, a "
+                          f"{size}-byte message to {d.name} would pass max_memory_bytes "
+                          f"{self.max_memory_bytes}; retry later", code="memory_full")
 
     def _refuse_forward(self, conn: str, f: Forward, exc: TreefedError, out: list) -> None:
         out.append(Out(conn, Error(exc.code, exc.message, f.id)))
@@ -837,7 +1003,15 @@ class Broker:
             if name.startswith("temp-") and not self._subs.match(name):
                 raise RemoteError(f"{name} does not exist (its owner is gone)",
                                   code="no_such_destination")
+            if self.idle_destination_seconds and name.startswith("topic://") \
+                    and not self._subs.match(name):
+                # nobody subscribes: the message is dropped (no_route) and the name is
+                # not kept -- it would be idle at once; a flood of topic names costs
+                # nothing here (defect 8)
+                return _Dest(name, self.policies.for_destination(name))
             d = self._new_dest(name)
+            if self.idle_destination_seconds and self._idle_due is None:
+                self._idle_due = 0.0   # next_deadline: sweep at the next timer
         elif d.temp and d.owner is None and not d.consumers:
             raise RemoteError(f"{name} does not exist (its owner is gone)",
                               code="no_such_destination")
@@ -1109,8 +1283,10 @@ class Broker:
             backlog = c.backlog = deque()
         elif len(backlog) >= c.prefetch * TOPIC_BACKLOG_FACTOR:
             old = backlog.popleft()
+            self._mem -= _size(old)
             self._count_drop("overflow", old.id, old.dst, out)
         backlog.append(m)
+        self._mem += _size(m)
 
     def _give(self, c: _Consumer, d: _Dest, m: Message, out: list) -> None:
         if c.inflight is _NO_MESSAGES:
@@ -1142,6 +1318,7 @@ class Broker:
             backlog = c.backlog
             while backlog and len(c.inflight) < c.prefetch:
                 m = backlog.popleft()
+                self._mem -= _size(m)
                 d = self._dests.get(m.dst)
                 if d is None or not d.alive:
                     continue
@@ -1175,6 +1352,9 @@ class Broker:
         if not d.topic:
             self._release(m.id)
             d.bytes -= _size(m)
+            self._mem -= _size(m)
+            if type(m.body) is Paged:
+                self._paged -= len(m.body)
             if m.persistent and d.stored:
                 out.append(DeleteMessage(m.id, d.name, consumed))
             if d.blocked:
@@ -1261,6 +1441,7 @@ class Broker:
                     if c.backlog is None:
                         c.backlog = deque()
                     c.backlog.appendleft(replace(m, redelivered=m.redelivered + 1))
+                    self._mem += _size(m)
             elif exhausted:
                 self._discard(d, m, "max_redeliveries", out, dlq=d.name != self.dlq, now=now)
             else:
@@ -1382,6 +1563,9 @@ class Broker:
         """``m`` (already out of pending / in-flight) leaves queue ``d`` unconsumed."""
         self._release(m.id)
         d.bytes -= _size(m)
+        self._mem -= _size(m)
+        if type(m.body) is Paged:
+            self._paged -= len(m.body)
         if m.persistent and d.stored:
             out.append(DeleteMessage(m.id, d.name))
         self._count_drop(reason, m.id, d.name, out)
@@ -1401,6 +1585,7 @@ class Broker:
         dd = self._dests.get(self.dlq) or self._new_dest(self.dlq)
         dd.enqueued += 1
         dd.bytes += _size(dm)
+        self._mem += _size(dm)
         self._hold(dm.id)
         if dm.persistent and dd.stored:
             out.append(StoreMessage(dm))

@@ -43,6 +43,7 @@ from treefed.core.destinations import parse_destination
 from treefed.core.selector import compile_selector
 from treefed.errors import DestinationError, SelectorError, TreefedError
 from treefed.federation.settings import LinkSettings
+from treefed.federation.temps import refused_error
 from treefed.wire.frames import Advisory
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -83,6 +84,20 @@ def _shared_key(consumer: str, path: tuple[str, ...]) -> tuple[str, tuple[str, .
             _KEYS.clear()
         found = _KEYS[key] = (_intern(consumer), shared_path(path))
     return found
+
+
+#: One client connection (consumer ids "<origin>/<conn>/<sub>" share "<origin>/<conn>")
+#: may hold at most a quarter of a link's interest cap, and never less than
+#: CLIENT_SHARE_FLOOR entries: a client that opened endless subscriptions at a store
+#: (one whose own per-connection limit is off) cannot fill the cap and so starve every
+#: other consumer behind that link (issue #12, defect 7).
+CLIENT_SHARE_DIVISOR = 4
+CLIENT_SHARE_FLOOR = 1000
+
+
+def client_share(cap: int) -> int:
+    """Most entries of one client connection on a link whose cap is ``cap``."""
+    return max(cap // CLIENT_SHARE_DIVISOR, min(cap, CLIENT_SHARE_FLOOR))
 
 
 def _sub_id(n: int) -> str:
@@ -255,7 +270,7 @@ class Bridge:
 
     __slots__ = ("site", "conn", "peer", "settings", "policy", "lane", "name", "duplex",
                  "forwards", "accepts", "advertises", "up", "remote", "conduits", "owned",
-                 "peer_role", "_subs")
+                 "peer_role", "_subs", "clients")
 
     def __init__(self, site: "Site", conn: str, peer: str, settings: LinkSettings,
                  policy: Any, *, lane: str, forwards: bool, accepts: bool,
@@ -277,6 +292,7 @@ class Bridge:
         self.owned: set[str] = set()      # tree child: brokers claimed for its subtree
         self.peer_role = peer_role
         self._subs = 0                    # demand sub ids issued on this conn
+        self.clients: dict[str, int] = {}  # "<origin>/<conn>" -> its entries in remote
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self, out: list, now: float) -> None:
@@ -314,15 +330,21 @@ class Bridge:
         if adv.kind == "remove":
             it = self.remote.pop(key, None)
             if it is not None:  # unknown: its add was refused (and logged) already
+                self.unclient(it.consumer)
                 site.forget(it, out, now)
             return
         if key in self.remote:
             return  # a repeated add (replay racing a live update): idempotent
         reason = self.policy.accept(self, adv)
-        if reason is None and len(self.remote) >= self.settings.max_demand_per_link:
-            reason = "limit"
+        client = adv.consumer.rpartition("/")[0]
+        if reason is None:
+            cap = self.settings.max_demand_per_link
+            if len(self.remote) >= cap or self.clients.get(client, 0) >= client_share(cap):
+                reason = "limit"
         if reason is not None:
             self.drop(adv, reason, out)
+            if reason == "forbidden":   # a temp destination claimed (issue #12, defect 3)
+                out.append(Out(self.conn, refused_error(adv)))
             return
         site._seq += 1   # Site.next_seq, inlined: once per accepted advisory
         it = Interest(key[0], _intern(adv.dst), _intern(adv.origin), adv.selector,
@@ -331,7 +353,17 @@ class Bridge:
         it.demand_priority = self.policy.demand_priority(hops)
         it.conduit = self.policy.conduit(it.dst, hops)
         self.remote[key] = it
+        self.clients[client] = self.clients.get(client, 0) + 1
         site.admit(it, out, now)
+
+    def unclient(self, consumer: str) -> None:
+        """An entry of ``consumer`` left ``remote``: its client's count goes down."""
+        client = consumer.rpartition("/")[0]
+        left = self.clients.get(client, 0) - 1
+        if left > 0:
+            self.clients[client] = left
+        else:
+            self.clients.pop(client, None)
 
     def drop(self, adv: Advisory | Interest, reason: str, out: list) -> None:
         site = self.site

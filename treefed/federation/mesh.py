@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from treefed.core.destinations import is_temp, matches
 from treefed.federation.settings import LinkSettings
+from treefed.federation.temps import temp_refusal
 
 if TYPE_CHECKING:  # pragma: no cover
     from treefed.federation.bridge import Bridge, Interest
@@ -70,6 +71,10 @@ class MeshPolicy:
         me = bridge.site.broker_id
         if adv.origin == me or me in adv.path:
             return "loop"
+        if adv.dst.startswith("temp-"):
+            refusal = temp_refusal(bridge, adv.dst, tree=False, consumer=adv.consumer)
+            if refusal is not None:
+                return refusal
         return None if self._open else self.permit(adv.dst)
 
     def permit(self, dst: str) -> str | None:

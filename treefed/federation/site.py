@@ -96,7 +96,7 @@ class Site:
 
     __slots__ = ("broker_id", "broker", "tree", "accept_tree_children", "log", "counters",
                  "dropped", "route_unknown_up", "ancestry_set", "_ancestry", "_bridges",
-                 "_lanes", "_active", "_rivals", "_locals", "_owner", "_seq")
+                 "_lanes", "_active", "_rivals", "_locals", "_owner", "_seq", "temp_owners")
 
     def __init__(self, broker_id: str, *, broker: Any, tree: TreeSettings | None = None,
                  accept_tree_children: bool = True, log_advisories: bool = True) -> None:
@@ -119,6 +119,9 @@ class Site:
         #                                    (duplicate suppression: the kept one + rivals)
         self._locals: dict[str, dict[str, Interest]] = {}  # client conn -> sub -> interest
         self._owner: dict[str, Bridge] = {}         # broker id -> child link (tree)
+        # temp destination -> [its owner "<origin>/<conn>", active interests in it]
+        # (federation/temps.py: one temp name, one owning connection; issue #12)
+        self.temp_owners: dict[str, list] = {}
         self._seq = 0
 
     # -- identity ------------------------------------------------------------------
@@ -303,6 +306,7 @@ class Site:
         out = self.broker.disconnect(conn, now)
         learned = list(bridge.remote.values())
         bridge.remote.clear()
+        bridge.clients.clear()
         for it in learned:  # first, so no fail-over picks an instance of this dead link
             if not it.active:
                 self._unrival(it)
@@ -405,17 +409,30 @@ class Site:
 
     def _activate(self, it: Interest, out: list, now: float) -> None:
         if it.source is not None and not it.source.join_demand(it, out, now):
-            it.source.remote.pop(it.key, None)
+            if it.source.remote.pop(it.key, None) is not None:
+                it.source.unclient(it.consumer)
             self._unrival(it)
             it.source.drop(it, "malformed", out)  # the core refused its selector/dst
             return
         it.active = True
         self._active[it.key] = it
+        if it.dst.startswith("temp-"):
+            held = self.temp_owners.get(it.dst)
+            if held is None:
+                self.temp_owners[it.dst] = [it.consumer.rpartition("/")[0], 1]
+            else:
+                held[1] += 1
         self._advertise(it, out)
 
     def _deactivate(self, it: Interest, out: list, now: float, *, gone: bool = False) -> None:
         it.active = False
         del self._active[it.key]
+        if it.dst.startswith("temp-"):
+            held = self.temp_owners.get(it.dst)
+            if held is not None:
+                held[1] -= 1
+                if held[1] <= 0:
+                    del self.temp_owners[it.dst]
         if it.source is not None:
             it.source.leave_demand(it, out, now, gone=gone)
         for bridge in it.sent_to:

@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from treefed.federation.settings import LinkSettings
+from treefed.federation.temps import temp_refusal
 
 if TYPE_CHECKING:  # pragma: no cover
     from treefed.federation.bridge import Bridge, Interest
@@ -57,6 +58,12 @@ class TreePolicy:
 
     # -- receiving side ------------------------------------------------------------
     def accept(self, bridge: "Bridge", adv: "Advisory") -> str | None:
+        reason = self._accept(bridge, adv)
+        if reason is None and adv.dst.startswith("temp-"):
+            return temp_refusal(bridge, adv.dst, tree=True, consumer=adv.consumer)   # issue #12, defect 3
+        return reason
+
+    def _accept(self, bridge: "Bridge", adv: "Advisory") -> str | None:
         site = bridge.site
         me, origin, path = site.broker_id, adv.origin, adv.path
         if bridge.lane == "parent":

@@ -61,11 +61,20 @@ exists (``transport.tls.serve_tls``); ``ssl://`` connectors dial with the client
 and send the connector's credentials in their hello.  With authentication on, an
 accepted connection's reader authenticates its hello *before* the site task sees it: the
 scrypt check runs in a worker thread (a few at a time), so a login never stalls the
-broker; a failure is logged without the password, waits the Authenticator's delay, gets
+broker; attempts are serialised per source address and per user name, wait what earlier
+failures still owe before the check and are locked out after N failures
+(``node/login.py``, issue #12 defect 10); a failure is logged without the password, gets
 ``Error(auth_failed)`` and is closed.  Connections that authenticated to us get a
 ``security.Guard`` that screens each frame (subscribe, send, stat, advisory, forward)
 before the Site, against permissions and, on tree child links, the child's scope.
 Links we dialed are not screened: we chose the peer, and TLS verified it.
+
+Memory (issue #12, defect 8).  The inbox is bounded in message-body bytes too
+(``INBOX_BYTES``): readers wait while it is over, so a flood of big messages waits in the
+sockets.  A client with more than ``max_pending_bytes_per_connection`` queued to it is
+closed (``overflow``).  The core caps held message bytes (``max_memory_bytes``); with the
+SQLite store, waiting persistent bodies are paged out after a commit and read back here
+(``_page_in``) before the batch that sends them commits.
 
 Garbage collection.  Messages, frames and actions are freed by reference counting; the
 cyclic collector finds little.  But with its default young threshold (700 allocations)
@@ -90,11 +99,13 @@ import trio
 from treefed.config import BrokerConfig
 from treefed.core.actions import Close, DeleteMessage, Log, Out, Pause, Resume, StoreMessage
 from treefed.core.broker import Broker
+from treefed.core.paging import paged_key
 from treefed.errors import FrameError, RemoteError, StoreError, TreefedError
 from treefed.federation.settings import KINDS, LinkSettings
 from treefed.federation.site import Site
 from treefed.log import get_logger
 from treefed.persistence import MemoryStore
+from treefed.node.login import LoginGate
 from treefed.security.guard import Guard
 from treefed.transport.backoff import backoff_for
 from treefed.node.stomp_conn import StompStream
@@ -116,6 +127,10 @@ CLIENT_HIGH_WATER = 50_000
 LINK_HIGH_WATER = 200_000
 #: Inbox capacity in reader pushes (each push is one received chunk's frames).
 INBOX_SIZE = 256
+#: Message body bytes the inbox may hold (read, not yet handled): past it the readers
+#: wait, so a flood of big messages stays in the sockets (TCP pushes back), not in RAM
+#: (issue #12, defect 8).  One chunk may pass it (a frame is read whole).
+INBOX_BYTES = 16 * 1024 * 1024
 #: Most inbox items folded into one batch, so one huge burst cannot starve the timers.
 MAX_BATCH = 512
 #: Seconds a closing connection may take to flush and to be closed by its peer.
@@ -140,13 +155,26 @@ _STORE_FULL = StoreError("the message store is full (max_store_bytes or the disk
                          "persistent message refused, retry later", code="store_full")
 
 
+def _body_bytes(frames: list) -> int:
+    """Message body bytes in one received chunk (Send / Forward frames)."""
+    n = 0
+    for f in frames:
+        kind = type(f)
+        if kind is Send or kind is Forward:
+            body = f.body
+            if type(body) is bytes:
+                n += len(body)
+    return n
+
+
 class _Conn:
     """One connection's shell-side state.  ``out`` is only appended to by the site task
     (and heartbeats); the writer swaps it for a fresh list when it wakes."""
 
     __slots__ = ("id", "kind", "framed", "out", "wake", "high_water", "paused", "resume",
                  "closing", "dead", "writer_done", "hello", "dialer", "peer",
-                 "remote", "opened", "last_rx", "pinged", "user", "guard", "scope", "rtt")
+                 "remote", "opened", "last_rx", "pinged", "user", "guard", "scope", "rtt",
+                 "out_bytes")
 
     def __init__(self, conn_id: str, framed: FramedStream, remote: str,
                  dialer: Dialer | None) -> None:
@@ -154,6 +182,7 @@ class _Conn:
         self.kind = _PENDING
         self.framed = framed
         self.out: list = []                 # frames waiting for the writer
+        self.out_bytes = 0                  # message bodies in ``out`` (clients only)
         self.wake = trio.Event()            # set when out gained frames or closing began
         self.high_water = CLIENT_HIGH_WATER
         self.paused = False                 # producer flow control: reader holds off
@@ -242,7 +271,15 @@ class BrokerNode:
         tc = config.tree_connector
         broker = Broker(b.id, config.policy_set(), max_redeliveries=b.max_redeliveries,
                         dlq=b.dlq, log_messages=config.logging.message_events,
-                        replay_delay=tc.replay_delay if tc is not None else 0.0)
+                        replay_delay=tc.replay_delay if tc is not None else 0.0,
+                        max_subscriptions_per_conn=b.max_subscriptions_per_connection,
+                        max_inflight_per_conn=b.max_inflight_per_connection,
+                        max_memory_bytes=b.max_memory_bytes,
+                        idle_destination_seconds=b.idle_destination_seconds)
+        # persistent bodies may leave memory when the store can read them back (defect 8)
+        self._pageable = bool(b.max_memory_bytes) and self._threaded_store \
+            and hasattr(self.store, "load_bodies")
+        broker.pageable = self._pageable
         tree = config.tree_connector.tree_settings() if config.tree_connector else None
         self.site = Site(b.id, broker=broker, tree=tree,
                          accept_tree_children=b.accept_tree_children, log_advisories=True)
@@ -252,6 +289,8 @@ class BrokerNode:
         self._conns: dict[str, _Conn] = {}
         self._next_conn = 0
         self._inbox_send, self._inbox = trio.open_memory_channel[tuple](INBOX_SIZE)
+        self._inbox_bytes = 0               # message body bytes in the inbox
+        self._inbox_room = trio.Event()     # set when they fell below INBOX_BYTES
         self.addresses: list[tuple[str, int]] = []
         self._schemes: list[str] = []   # per address: "tcp" or "ssl"
         self.dialers: list[Dialer] = []
@@ -262,7 +301,7 @@ class BrokerNode:
         # security: contexts are built (files read) now, so a bad path fails at start
         sec = config.security
         self._auth = sec.authenticator() if sec.authentication else None
-        self._auth_limiter = trio.CapacityLimiter(AUTH_THREADS)
+        self._login = LoginGate(self._auth, AUTH_THREADS) if self._auth is not None else None
         self._authz = sec.authorizer()
         self._tree_scope = sec.tree.tree_scope(temp_destinations=sec.temp_destinations)
         self._server_ssl = (sec.tls.server_context()
@@ -307,6 +346,8 @@ class BrokerNode:
         deletes = [(a.msg_id, a.dst) for a in actions if type(a) is DeleteMessage]
         if deletes:
             self.store.apply([], deletes)
+        if self._pageable:   # every restored message is in the store: bodies may go
+            self.site.broker.page_out()
         self.log.info("broker.restored", messages=len(messages), discarded=len(deletes),
                       consumed=len(consumed))
         return len(messages)
@@ -442,13 +483,17 @@ class BrokerNode:
             # its hello passed; a refused one has its error queued and is drained below
             if (self._auth is None or c.dialer is not None
                     or await self._authenticate(c, frames[0])):
+                self._inbox_bytes += _body_bytes(frames)
                 await inbox.send((c, frames))
             while not c.closing:
                 if c.paused:
                     await c.resume.wait()
                     continue
+                while self._inbox_bytes >= INBOX_BYTES:
+                    await self._inbox_room.wait()   # message bodies wait in the socket
                 frames = await framed.receive_frames()
                 c.last_rx = trio.current_time()
+                self._inbox_bytes += _body_bytes(frames)
                 await inbox.send((c, frames))
         except FrameError as exc:
             await inbox.send((c, exc))
@@ -473,11 +518,10 @@ class BrokerNode:
         failure: log (no password), wait the delay, queue Error(auth_failed), close."""
         if type(hello) is not Hello:
             return True  # not a hello at all: the site task refuses it as such
-        auth = self._auth
         identity = peer_identity(c.framed.stream)
-        verdict = await trio.to_thread.run_sync(auth.check, hello, identity,
-                                                limiter=self._auth_limiter)
-        result = auth.settle(verdict, time.time(), c.remote.rpartition(":")[0])
+        # serialised per source and user, delayed before the check, locked out after N
+        # failures (node/login.py, issue #12 defect 10); a failure's delay is waited there
+        result = await self._login.login(hello, identity, c.remote.rpartition(":")[0])
         fields = result.log_fields()
         if result.ok:
             c.user = result.user
@@ -485,7 +529,6 @@ class BrokerNode:
             return True
         self.log.warning("auth.failed", conn=c.id, remote=c.remote, role=hello.role,
                          **fields)
-        await trio.sleep(result.delay)
         c.dead = True   # the Site never learnt of it
         c.closing = True
         c.queue(result.error_frame())
@@ -499,6 +542,7 @@ class BrokerNode:
                 c.wake = trio.Event()
                 if c.out:
                     frames, c.out = c.out, []
+                    c.out_bytes = 0
                     await framed.send_frames(frames)
                     if c.out:
                         continue
@@ -615,6 +659,7 @@ class BrokerNode:
         actions: list = []
         for c, payload in batch:
             if type(payload) is list:
+                self._inbox_bytes -= _body_bytes(payload)
                 if not c.dead:
                     self._handle_frames(c, payload, now, actions)
             elif payload is _EOF:
@@ -623,6 +668,9 @@ class BrokerNode:
                 self._malformed(c, payload, now, actions)
         if deadline is not None and now >= deadline:
             actions += self.site.handle_timer(now)
+        if self._inbox_bytes < INBOX_BYTES:
+            self._inbox_room.set()
+            self._inbox_room = trio.Event()
         if actions:
             await self._perform(actions, now)
         self.batches += 1
@@ -818,9 +866,20 @@ class BrokerNode:
         if c.writer_done.is_set() and self._conns.get(c.id) is c:
             del self._conns[c.id]
 
+    def _overflow(self, c: _Conn, why: str, now: float, more: list) -> None:
+        """``c`` does not read what we send: drop its queue, tell it why, close it."""
+        self.log.warning("conn.overflow", conn=c.id, queued=len(c.out),
+                         queued_bytes=c.out_bytes)
+        c.out.clear()
+        c.out_bytes = 0
+        c.out.append(Error("overflow", why))
+        self._forget(c, now, more)
+        c.wake.set()
+
     async def _perform(self, actions: list, now: float) -> None:
         """Do what the Site asked, committing the batch's store work before any Out."""
         conns = self._conns
+        pending_cap = self.config.broker.max_pending_bytes_per_connection
         while actions:
             stores: list = []
             deletes: list = []
@@ -849,8 +908,12 @@ class BrokerNode:
                         c.resume.set()
                         c.resume = trio.Event()
             refused = None
+            if self._pageable:
+                await self._page_in(stores, deferred)
             if stores or deletes:
                 refused = await self._commit(stores, deletes, consumed)
+                if refused is None and self._pageable:
+                    self.site.broker.page_out()
             more: list = []
             if refused is not None:
                 deferred = self._take_back(refused, stores, deferred, now, more)
@@ -861,6 +924,14 @@ class BrokerNode:
                 if type(a) is Out:
                     frame = a.frame
                     c.out.append(frame)
+                    if type(frame) is Deliver and c.kind is _CLIENT and pending_cap:
+                        c.out_bytes += len(frame.body) + 64
+                        if c.out_bytes > pending_cap:
+                            self._overflow(c, f"more than {pending_cap} bytes of messages "
+                                              "queued: the connection does not keep up "
+                                              "(max_pending_bytes_per_connection)",
+                                           now, more)
+                            continue
                     if len(c.out) > c.high_water:
                         self.log.warning("conn.overflow", conn=c.id, queued=len(c.out))
                         c.out.clear()
@@ -874,6 +945,38 @@ class BrokerNode:
                         c.out.append(a.error)
                     self._forget(c, now, more)
             actions = more
+
+    async def _page_in(self, stores: list, deferred: list) -> None:
+        """Read back from the store the bodies the core paged out (core/paging.py) that
+        this batch sends or stores again -- before its commit, which may delete their
+        rows (an ack, a dead-lettered copy)."""
+        wanted: dict = {}
+        for m in stores:
+            key = paged_key(m.body)
+            if key is not None:
+                wanted[key] = None
+        frames = []
+        for a in deferred:
+            if type(a) is Out:
+                frame = a.frame
+                kind = type(frame)
+                if kind is Deliver or kind is Forward:
+                    key = paged_key(frame.body)
+                    if key is not None:
+                        wanted[key] = None
+                        frames.append(frame)
+        if not wanted:
+            return
+        bodies = await trio.to_thread.run_sync(self.store.load_bodies, list(wanted))
+        missing = [k for k in wanted if k not in bodies]
+        if missing:
+            self.log.error("store.body_missing", messages=len(missing), first=missing[0])
+        for m in stores:
+            key = paged_key(m.body)
+            if key is not None:
+                m.body = bodies.get(key, b"")
+        for frame in frames:
+            frame.body = bodies.get(frame.body.key, b"")
 
     def _take_back(self, refused: dict, stores: list, deferred: list, now: float,
                    more: list) -> list:
@@ -1035,7 +1138,14 @@ class BrokerNode:
     def set_security(self, sec: Any) -> None:
         """New users / permissions (a reload): new logins and every open connection's
         screen use them from now on."""
+        old = self._login
         self._auth = sec.authenticator() if sec.authentication else None
+        if self._auth is None:
+            self._login = None
+        else:
+            if old is not None:   # failures and lockouts outlive a reload
+                self._auth.throttle = old.throttle
+            self._login = LoginGate(self._auth, AUTH_THREADS)
         self._authz = sec.authorizer()
         for c in self._conns.values():
             if c.guard is not None:

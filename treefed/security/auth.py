@@ -11,11 +11,14 @@ is, in two steps the shell may split across threads:
    subjectAltNames.  A broker link must also claim a broker id its user may speak for
    (its own name, or one of ``User.brokers``): a tree link's permissions follow the
    child's id, so the id must be bound to the credentials.
-2. ``settle(result, now, source)`` — cheap bookkeeping on the event loop: a failure
-   returns ``delay`` seconds for the shell to wait before answering, doubling per recent
-   failure from the same source or against the same known user (up to
-   ``max_failure_delay``, forgotten after ``failure_window``), so guessing is slow even
-   across reconnects; a success clears the counters.
+2. ``settle(result, now, source)`` — cheap bookkeeping on the event loop, kept by a
+   ``throttle.LoginThrottle`` (``self.throttle``): a failure returns ``delay`` seconds for
+   the shell to wait before answering, doubling per recent failure from the same source
+   or against the same user name (up to ``max_failure_delay``, forgotten after
+   ``failure_window``), so guessing is slow even across reconnects; a success clears its
+   user's counter, never its source's (issue #12, defect 10).  The shell also serialises
+   attempts per key, waits what earlier failures still owe *before* the check, and
+   refuses without a check once a key reached ``lockout_failures`` (see throttle.py).
 
 An unknown user costs the same scrypt as a known one (a dummy hash), so response time
 does not reveal which user names exist; the Error frame says only "authentication
@@ -34,6 +37,7 @@ from typing import Any
 
 from treefed.security.passwords import (DEFAULT_N, DEFAULT_P, DEFAULT_R, PasswordHash,
                                         parse_password_hash, verify_password)
+from treefed.security.throttle import LoginThrottle, throttle_keys
 from treefed.wire.frames import Error, Hello
 
 __all__ = ["User", "PeerIdentity", "AuthResult", "Authenticator", "identity_from_cert",
@@ -131,16 +135,22 @@ class Authenticator:
     """See the module docstring."""
 
     __slots__ = ("required", "failure_delay", "max_failure_delay", "failure_window",
-                 "max_tracked", "_users", "_hashes", "_dummy", "_failures")
+                 "max_tracked", "_users", "_hashes", "_dummy", "throttle")
 
     def __init__(self, users: Iterable[User] = (), *, required: bool = True,
                  failure_delay: float = 1.0, max_failure_delay: float = 30.0,
-                 failure_window: float = 300.0, max_tracked: int = 10_000) -> None:
+                 failure_window: float = 300.0, max_tracked: int = 10_000,
+                 lockout_failures: int = 10) -> None:
         self.required = required
         self.failure_delay = failure_delay
         self.max_failure_delay = max_failure_delay
         self.failure_window = failure_window
         self.max_tracked = max_tracked
+        self.throttle = LoginThrottle(failure_delay=failure_delay,
+                                      max_failure_delay=max_failure_delay,
+                                      failure_window=failure_window,
+                                      lockout_failures=lockout_failures,
+                                      max_tracked=max_tracked)
         self._users = {u.name: u for u in users}
         # parsed once: a malformed hash refuses its user's logins, it cannot crash them
         self._hashes: dict[str, PasswordHash | None] = {}
@@ -155,7 +165,6 @@ class Authenticator:
         n, r, p = (typical.n, typical.r, typical.p) if typical else \
             (DEFAULT_N, DEFAULT_R, DEFAULT_P)
         self._dummy = PasswordHash(n, r, p, b"treefed-no-such-user", bytes(32))
-        self._failures: dict[str, tuple[int, float]] = {}   # key -> (count, last failure)
 
     def user(self, name: str) -> User | None:
         return self._users.get(name)
@@ -218,38 +227,13 @@ class Authenticator:
     # -- step 2: bookkeeping (cheap) -------------------------------------------------
     def settle(self, result: AuthResult, now: float, source: str = "") -> AuthResult:
         """Record ``result``; a failure comes back with its ``delay`` set."""
-        keys = []
-        if source:
-            keys.append("src:" + source)
-        if result.known_user and result.claimed is not None:
-            keys.append("user:" + result.claimed)
-        failures = self._failures
-        if result.ok:
-            for key in keys:
-                failures.pop(key, None)
-            return result
-        worst = 0
-        for key in keys:
-            count, last = failures.get(key, (0, now))
-            if now - last > self.failure_window:
-                count = 0
-            count += 1
-            failures[key] = (count, now)
-            worst = max(worst, count)
-        if len(failures) > self.max_tracked:
-            self._prune(now)
-        delay = min(self.max_failure_delay, self.failure_delay * 2 ** (max(worst, 1) - 1))
-        return replace(result, delay=delay)
+        delay = self.throttle.record(self.keys(result, source), result.ok, now)
+        return result if result.ok else replace(result, delay=delay)
 
-    def _prune(self, now: float) -> None:
-        failures = self._failures
-        for key in [k for k, (_, last) in failures.items()
-                    if now - last > self.failure_window]:
-            del failures[key]
-        if len(failures) > self.max_tracked:  # under attack: keep the newest half
-            newest = sorted(failures.items(), key=lambda kv: kv[1][1])[len(failures) // 2:]
-            failures.clear()
-            failures.update(newest)
+    @staticmethod
+    def keys(result: AuthResult, source: str = "") -> tuple[str, ...]:
+        """The throttle keys of an attempt: its source address and claimed user name."""
+        return throttle_keys(result.claimed, source)
 
     def authenticate(self, hello: Hello, now: float, *, peer: PeerIdentity | None = None,
                      source: str = "") -> AuthResult:
@@ -258,4 +242,4 @@ class Authenticator:
 
     def failures(self, key: str) -> int:
         """Recent failures recorded under ``src:<source>`` or ``user:<name>``."""
-        return self._failures.get(key, (0, 0.0))[0]
+        return self.throttle.failures(key)

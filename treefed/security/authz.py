@@ -17,7 +17,8 @@ order could surprise a reader.  A wildcard subscription must be covered *whole* 
 granted pattern (``queue://Store.>`` is refused to a user granted only its own store).
 Temporary destinations (reply queues) are open to every authenticated user unless
 ``temp_destinations=False``: their names are unguessable and owned by one connection,
-which the core enforces.
+which the core enforces.  Only *named* ones: a wildcard over temp names
+(``temp-queue://>``) is granted by a rule or not at all (issue #12, defect 3).
 
 ``check`` is on the per-message path, so its answers are cached per (user, permission,
 destination) in nested dicts (no key tuple allocated per call); the cache is dropped
@@ -31,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from treefed.core.destinations import is_wildcard
 from treefed.security.patterns import ANY, Pattern, compile_pattern
 from treefed.wire.frames import Error
 
@@ -133,7 +135,10 @@ class Authorizer:
         return answer
 
     def _decide(self, user: str, permission: str, dst: str) -> bool:
-        if self._temp and permission != "admin" and dst.startswith("temp-"):
+        if self._temp and permission != "admin" and dst.startswith("temp-") \
+                and not is_wildcard(dst):
+            # one named temp destination: its owner is enforced by the core; a wildcard
+            # over temp names reads other connections' replies, so only a rule grants it
             return True
         patterns, bindings = self._entry(user, permission)
         for pattern in patterns:

@@ -12,7 +12,9 @@ A tree link's child is identified by its (authenticated) broker id.  Its *scope*
   advertise: interest in them would pull other sites' messages down;
 * plus temporary destinations unless ``temp_destinations=False``: a reply crossing the
   tree travels on the requester's temp queue, whose name is unguessable and owned by
-  one connection (the core enforces that).
+  one connection (the core enforces that).  Named ones only: a wildcard over temp names
+  is never in scope, and the Site refuses a named one not created in the child's
+  subtree (``federation/temps.py``, issue #12 defect 3).
 
 An advisory (interest) from the child must be covered by its scope, so a compromised
 store cannot register demand for — and so receive — another store's queue, not even with
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from treefed.core.destinations import is_wildcard
 from treefed.security.patterns import Pattern, compile_pattern
 
 __all__ = ["TreeScope", "ChildScope", "PLACEHOLDERS"]
@@ -38,6 +41,12 @@ __all__ = ["TreeScope", "ChildScope", "PLACEHOLDERS"]
 PLACEHOLDERS = ("child", "subtree")
 #: answers cached per child and kind; a peer naming endless destinations cannot grow it
 _CACHE_LIMIT = 10_000
+
+
+def _named_temp(dst: str) -> bool:
+    """One temp destination by name (a wildcard over temp names is never in scope: the
+    Site also checks that a named one was created in the child's subtree)."""
+    return dst.startswith("temp-") and not is_wildcard(dst)
 
 
 class TreeScope:
@@ -96,7 +105,7 @@ class ChildScope:
         answer = self._advertise.get(dst)
         if answer is None:
             scope = self.scope
-            answer = (not scope.confine or (scope.temp and dst.startswith("temp-"))
+            answer = (not scope.confine or (scope.temp and _named_temp(dst))
                       or self._covered(scope.child_patterns, dst)
                       or self._covered(scope.broadcast, dst))
             if len(self._advertise) >= _CACHE_LIMIT:
@@ -109,7 +118,7 @@ class ChildScope:
         answer = self._send.get(dst)
         if answer is None:
             scope = self.scope
-            answer = (not scope.confine or (scope.temp and dst.startswith("temp-"))
+            answer = (not scope.confine or (scope.temp and _named_temp(dst))
                       or self._covered(scope.child_patterns, dst)
                       or self._covered(scope.broadcast, dst)
                       or self._covered(scope.upward, dst))
