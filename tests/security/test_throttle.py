@@ -167,3 +167,24 @@ async def test_guessing_burst_does_not_delay_another_users_login(nursery, tmp_pa
               f"200-guess burst {[round(x, 3) for x in during]} s")
         # at most a couple of password checks' worth of waiting, whatever the machine
         assert worst <= 3 * base + 0.5, (baseline, during)
+
+
+async def test_a_reload_swaps_the_users_and_keeps_the_lockout(nursery, tmp_path):
+    """A reload (SIGHUP / `treefed reload`) installs the new users for the next login --
+    the gate must not keep checking against the old authenticator -- and what the
+    throttle counted before it still holds (a guesser cannot reset it by waiting for a
+    config change)."""
+
+    document = doc(tmp_path, lockout_failures=3)
+    node, port = await start(nursery, document)
+    with trio.fail_after(20):
+        for _ in range(3):
+            assert not (await login(port, "mallory", "wrong"))[0]
+        assert not (await login(port, "mallory", "mallory-pw"))[0]   # locked out
+        document["security"]["user"].append({"name": "newbie",
+                                             "password_hash": pw_hash("newbie-pw")})
+        node.set_security(parse_config(document).security)
+        # from another address: the guesses also locked out 127.0.0.1
+        assert (await login(port, "newbie", "newbie-pw", source="127.0.0.2"))[0]
+        assert not (await login(port, "mallory", "mallory-pw",
+                                source="127.0.0.3"))[0]              # still locked out
