@@ -92,6 +92,8 @@ class LoggingSection:
     level: str = "info"              # one of LOG_LEVELS
     file: str = ""                   # "" = stderr
     message_events: bool = False     # per-message events: debug volume, off in production
+    advisory_events: bool = False    # every advisory.sent/received/dropped at info (runs
+    #                                  whose logs are the event log); else debug + digest
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +237,9 @@ class TreeScopeConfig:
     child_patterns: tuple[str, ...] = ()   # {child} / {subtree} placeholders
     broadcast: tuple[str, ...] = ()        # any child may advertise and send
     upward: tuple[str, ...] = ()           # any child may send (not advertise)
+    child_groups: tuple[str, ...] = ()     # with authentication: only users in one of
+    #                                        these groups may attach as tree children
+    #                                        (the broker role); () = any user
 
     def tree_scope(self, *, temp_destinations: bool = True) -> Any:
         """A ``security.TreeScope``, or None when children are not confined."""
@@ -474,6 +479,7 @@ _LOGGING: dict[str, tuple[Checker, Any]] = {
     "level": (_log_level, "info"),
     "file": (_string, ""),
     "message_events": (_bool, False),
+    "advisory_events": (_bool, False),
 }
 
 _POLICY: dict[str, tuple[Checker, Any]] = {
@@ -597,6 +603,7 @@ _TREE_SCOPE: dict[str, tuple[Checker, Any]] = {
     "child_patterns": (_list_of(_permission_pattern("child", "subtree")), ()),
     "broadcast": (_list_of(_permission_pattern()), ()),
     "upward": (_list_of(_permission_pattern()), ()),
+    "child_groups": (_list_of(_identifier), ()),
 }
 _SECURITY_TABLES = ("user", "permission", "tls", "tree")
 

@@ -21,14 +21,17 @@ its static includes and exchanges no advisories at all.
 
 The Bridge never decides policy: ``self.policy`` (mesh or tree) answers whether an
 advisory is accepted or sent and what its demand looks like, and the Site decides where
-interest fans out.  Every refusal becomes one ``advisory.dropped`` Log (when logging is
-on) and one count in ``Site.dropped``.  A malformed advisory is refused alone: the link
+interest fans out (``routing.py``).  ``receive`` is the one decision point for an
+arriving advisory; a policy's ``accept`` only answers, and its subtree ``claims`` are
+applied after every check (the per-link limit included) passed.  Every refusal becomes
+one ``Drop`` action (when logging is on; the shell renders it as ``advisory.dropped``)
+and one count in ``Site.dropped``.  A malformed advisory is refused alone: the link
 stays up.  Nothing here does I/O; results are appended to the caller's ``out`` list.
 
 Memory: a mesh estate holds millions of interest instances, so each is kept lean --
 slotted objects, broker ids / destinations / consumer ids interned (``sys.intern``: a
-real node decodes a fresh string per frame), paths shared through one bounded table
-(``shared_path``), demand sub ids shared between links (``_sub_id``), ``sent_to`` a
+real node decodes a fresh string per frame), paths, keys and demand sub ids shared
+through the Site's ``Sharing`` (``sharing.py``: owned by the engine), ``sent_to`` a
 shared empty tuple until the first link takes the interest, and a demand standing for
 one interest holds it in a 1-tuple (only conduits keep member dicts and counts).
 """
@@ -38,7 +41,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from treefed.core.actions import Log, Out, SharedFields
+from treefed.core.actions import Drop, Log, Out
 from treefed.core.destinations import parse_destination
 from treefed.core.selector import compile_selector
 from treefed.errors import DestinationError, SelectorError, TreefedError
@@ -48,89 +51,14 @@ from treefed.wire.frames import Advisory
 if TYPE_CHECKING:  # pragma: no cover
     from treefed.federation.site import Site
 
-__all__ = ["Bridge", "Interest", "Demand", "MAX_PATH", "malformed", "shared_path"]
+__all__ = ["Bridge", "Interest", "Demand", "MAX_PATH", "malformed"]
 
 #: Longer advisory paths are refused as malformed: no sane estate is that deep.
 MAX_PATH = 64
 _MAX_ID = 1024
 
 _intern = sys.intern
-#: path tuple -> the one shared instance (every sibling store holds the same few paths),
-#: and likewise interest keys (consumer, path): the same at every site it reaches.
-_PATHS: dict[tuple, tuple] = {}
-_KEYS: dict[tuple, tuple] = {}
-_SHARED_LIMIT = 1 << 20    # cleared when full: sharing is an optimisation, not a meaning
-#: demand sub ids "d:<n>", shared by every link that issues the same n.
-_SUB_IDS: list[str] = []
-_NOBODY: tuple = ()        # Interest.sent_to until a link takes it
-
-
-def shared_path(path: tuple[str, ...]) -> tuple[str, ...]:
-    """The shared instance of ``path`` (equal tuples, one object)."""
-    found = _PATHS.get(path)
-    if found is None:
-        if len(_PATHS) >= _SHARED_LIMIT:
-            _PATHS.clear()
-        found = _PATHS[path] = tuple(map(_intern, path))
-    return found
-
-
-def _shared_key(consumer: str, path: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
-    key = (consumer, path)
-    found = _KEYS.get(key)
-    if found is None:
-        if len(_KEYS) >= _SHARED_LIMIT:
-            _KEYS.clear()
-        found = _KEYS[key] = (_intern(consumer), shared_path(path))
-    return found
-
-
-def _sub_id(n: int) -> str:
-    ids = _SUB_IDS
-    if n >= len(ids):
-        ids.extend(f"d:{i}" for i in range(len(ids), n + 1 + (n >> 1)))
-    return ids[n]
-
-
-#: Advisory frames found well-formed, by identity (the value keeps the frame alive, so
-#: its id cannot be reused while listed): the replay engine hands one add frame to
-#: every link it is offered on, and each receiver would re-check the same object.
-_CHECKED: dict[int, Advisory] = {}
-_CHECKED_LIMIT = 1 << 15
-
-
-def _malformed(adv: Advisory) -> bool:
-    """``malformed`` once per frame object."""
-    if _CHECKED.get(id(adv)) is adv:
-        return False
-    if malformed(adv):
-        return True
-    if len(_CHECKED) >= _CHECKED_LIMIT:
-        _CHECKED.clear()
-    _CHECKED[id(adv)] = adv
-    return False
-
-
-#: Log fields shared by every site that logs the same fact about one frame: the
-#: receivers of a fan-out log the same ``advisory.received`` and ``demand.created``
-#: lines (their own broker id aside), so they share one SharedFields and the event
-#: writer renders it once.  id(anchor) -> (anchor, *what else the fields depend on,
-#: fields); the anchor in the value keeps its id from being reused while listed.
-_RECEIVED_LOGS: dict[int, tuple] = {}
-_DEMAND_LOGS: dict[int, tuple] = {}
-_SHARED_LOGS_LIMIT = 1 << 15
-
-
-def _received_fields(adv: Advisory, link: str, peer: str) -> SharedFields:
-    hit = _RECEIVED_LOGS.get(id(adv))
-    if hit is not None and hit[0] is adv and hit[1] == link and hit[2] == peer:
-        return hit[3]
-    fields = SharedFields(link=link, peer=peer, consumer=adv.consumer, dst=adv.dst,
-                          origin=adv.origin, kind=adv.kind, hops=len(adv.path) + 1)
-    if len(_RECEIVED_LOGS) >= _SHARED_LOGS_LIMIT:
-        _RECEIVED_LOGS.clear()
-    _RECEIVED_LOGS[id(adv)] = (adv, link, peer, fields)
-    return fields
+_NOBODY: tuple = ()        # Interest.sent_to until a link takes it (shared, never mutated)
 
 
 def malformed(adv: Advisory) -> bool:
@@ -298,19 +226,25 @@ class Bridge:
 
     # -- receiving -----------------------------------------------------------------
     def receive(self, adv: Advisory, out: list, now: float) -> None:
+        """The one decision point for an advisory arriving over this link: refused
+        (one ``Drop`` with its reason), a removal retraced, or accepted -- and only then
+        are the policy's subtree claims applied and the interest admitted."""
         site = self.site
+        shared = site.sharing
         site.counters["advisories_received"] += 1
         if site.log:   # a fan-out's receivers share these fields
-            out.append(Log("advisory.received", _received_fields(adv, self.name, self.peer)))
-        # _malformed inlined up to its per-frame cache (a fan-out's frame is checked once)
-        if not self.accepts or (_CHECKED.get(id(adv)) is not adv and _malformed(adv)):
+            out.append(Log("advisory.received",
+                           shared.received_fields(adv, self.name, self.peer)))
+        # Sharing.malformed's hit inlined (a fan-out's frame is checked once)
+        if not self.accepts or (shared.checked.get(id(adv)) is not adv
+                                and shared.malformed(adv, malformed)):
             # a one-way link's accepting side takes no interest: the peer broke the rules
             self.drop(adv, "malformed", out)
             return
         probe = (adv.consumer, (*adv.path, self.peer))
-        key = _KEYS.get(probe)   # _shared_key's hit, inlined
+        key = shared.keys.get(probe)   # Sharing.key's hit, inlined
         if key is None:
-            key = _shared_key(*probe)
+            key = shared.key(*probe)
         if adv.kind == "remove":
             it = self.remote.pop(key, None)
             if it is not None:  # unknown: its add was refused (and logged) already
@@ -318,26 +252,33 @@ class Bridge:
             return
         if key in self.remote:
             return  # a repeated add (replay racing a live update): idempotent
-        reason = self.policy.accept(self, adv)
+        policy = self.policy
+        reason = policy.accept(self, adv)
         if reason is None and len(self.remote) >= self.settings.max_demand_per_link:
             reason = "limit"
         if reason is not None:
             self.drop(adv, reason, out)
             return
+        claims = policy.claims(self, adv)
+        if claims:   # every check passed: now the subtree may grow
+            site.claim_subtree(self, claims)
         site._seq += 1   # Site.next_seq, inlined: once per accepted advisory
         it = Interest(key[0], _intern(adv.dst), _intern(adv.origin), adv.selector,
                       adv.priority, key[1], self, site._seq, key)
         hops = len(it.path)
-        it.demand_priority = self.policy.demand_priority(hops)
-        it.conduit = self.policy.conduit(it.dst, hops)
+        it.demand_priority = policy.demand_priority(hops)
+        it.conduit = policy.conduit(it.dst, hops)
         self.remote[key] = it
         site.admit(it, out, now)
 
     def drop(self, adv: Advisory | Interest, reason: str, out: list) -> None:
+        """Refuse ``adv`` for ``reason``: counted here, one ``Drop`` action for the shell
+        to render (``advisory.dropped``) when advisories are logged."""
         site = self.site
         site.dropped[reason] += 1
         if site.log:
-            out.append(self._log("advisory.dropped", adv, reason=reason))
+            out.append(Drop(reason, self.name, self.peer, adv.consumer, adv.dst, adv.origin,
+                            adv.kind if type(adv) is Advisory else "add"))
 
     # -- sending -------------------------------------------------------------------
     def offer(self, it: Interest, out: list) -> None:
@@ -381,7 +322,7 @@ class Bridge:
                 return False
             return True
         self._subs += 1
-        d = Demand(_sub_id(self._subs), it.dst, conduit=it.conduit)
+        d = Demand(self.site.sharing.sub_id(self._subs), it.dst, conduit=it.conduit)
         d.add(it)
         d.selector = self.policy.conduit_selector(d.selectors) if it.conduit else it.selector
         d.priority = it.demand_priority
@@ -455,18 +396,7 @@ class Bridge:
 
     def _log_demand(self, event: str, it: Interest, d: Demand) -> Log:
         # shared between the sites that learn the same instance (the interest key is one
-        # object everywhere, see _shared_key) over links of the same name and peer
-        key = it.key
-        hit = _DEMAND_LOGS.get(id(key))
-        if hit is not None and hit[0] is key and hit[1] == event and hit[2] == self.name \
-                and hit[3] == self.peer and hit[4] == d.dst and hit[5] == d.priority \
-                and hit[6] is d.conduit:
-            return Log(event, hit[7])
-        fields = SharedFields(link=self.name, peer=self.peer, consumer=it.consumer,
-                              dst=d.dst, origin=it.origin, priority=d.priority,
-                              conduit=d.conduit)
-        if len(_DEMAND_LOGS) >= _SHARED_LOGS_LIMIT:
-            _DEMAND_LOGS.clear()
-        _DEMAND_LOGS[id(key)] = (key, event, self.name, self.peer, d.dst, d.priority,
-                                 d.conduit, fields)
-        return Log(event, fields)
+        # object everywhere, see Sharing.key) over links of the same name and peer
+        return Log(event, self.site.sharing.demand_fields(
+            it.key, event, self.name, self.peer, it.consumer, d.dst, it.origin,
+            d.priority, d.conduit))

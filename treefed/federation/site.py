@@ -8,9 +8,13 @@ every instance accepted over a link, in ``_active`` (activation order, which is 
 replay order when a link comes up).  For each active interest it
 
 1. holds demand on the link it came over (``Bridge.join_demand``), and
-2. offers it to the links chosen by ``ROUTES`` of the two policies — mesh: every other
-   mesh link; tree: up for local and child interest, down for local and parent
-   interest — each link's policy may still refuse (logged) or skip (silent).
+2. offers it to the links of the lanes ``routing.py`` lists for where it came from —
+   mesh: every other mesh link; tree: up for local and child interest, down for local
+   and parent interest — each link's policy may still refuse (a ``Drop``) or skip
+   (silent).
+
+Links come up through ``handshake.plan_link`` (a pure function of our settings and the
+peer's hello); ``link_up`` only builds what the plan says.
 
 A removal retraces exactly the links the add went to (``Interest.sent_to``); losing a
 link forgets everything learned over it and cascades the removals.
@@ -25,22 +29,26 @@ receiver will see, ``len(path) + 1``), ``advisory.received``, ``advisory.dropped
 ``demand.created`` / ``demand.removed``, ``link.up`` / ``link.down`` (``role`` = the
 peer's position: root | branch | leaf | mesh) and ``link.refused``.  With
 ``log_advisories=False`` none of the per-advisory events is built; ``counters`` still
-counts them.  Nothing here does I/O or reads a clock: ``now`` is an argument and every
-method returns (or extends) a list of actions.
+counts them.  ``sharing`` (``sharing.py``) holds memory-saving tables the engine may
+share between its Sites.  Nothing here does I/O or reads a clock: ``now`` is an
+argument and every method returns (or extends) a list of actions.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from types import MappingProxyType
 from typing import Any, Sequence
 
 from treefed.core.actions import Close, Log, Out
-from treefed.errors import LocalError, TreefedError
+from treefed.errors import LocalError
 from treefed.events import DROP_REASONS
 from treefed.federation.bridge import Bridge, Interest
+from treefed.federation.handshake import Refusal, check_tree_hello, plan_link
 from treefed.federation.mesh import MeshPolicy
 from treefed.core.destinations import parse_destination
+from treefed.federation.routing import ROUTES_ALL as _ROUTES
 from treefed.federation.settings import LinkSettings, TreeSettings
+from treefed.federation.sharing import Sharing
 from treefed.federation.tree import TreePolicy
 from treefed.wire.frames import PROTOCOL_VERSION, Advisory, Error, Hello, Subscribe, \
     Unsubscribe
@@ -48,59 +56,20 @@ from treefed.wire.frames import PROTOCOL_VERSION, Advisory, Error, Hello, Subscr
 __all__ = ["Site", "POLICIES", "check_tree_hello"]
 
 #: connector kind -> policy class (chosen by name from config).
-POLICIES = {"mesh": MeshPolicy, "tree": TreePolicy}
-
-#: where interest came from -> lanes it is offered to, both policies merged.
-_ROUTES = {src: MeshPolicy.ROUTES[src] + TreePolicy.ROUTES[src]
-           for src in ("local", "mesh", "parent", "child")}
-
-
-def check_tree_hello(site_settings: TreeSettings | None, hello: Hello, *, me: str,
-                     dialed: bool, ancestry: Sequence[str] = (),
-                     accept_children: bool = True) -> str | None:
-    """Why a tree link with the sender of ``hello`` must be refused, or None.
-
-    ``dialed``: we opened the link, so the peer is our parent; otherwise it offers
-    itself as our child.  ``ancestry``: our own [parent, grandparent, ...].  A site with
-    no TreeSettings is the root."""
-    if hello.role != "broker" or not hello.broker_id:
-        return "peer is not a broker"
-    if hello.connector != "tree":
-        return f"{hello.broker_id} is a {hello.connector or 'plain'} peer on a tree link"
-    ours = site_settings.node_type if site_settings is not None else "root"
-    if hello.broker_id == me:
-        return "cycle: a broker cannot link to itself"
-    if dialed:
-        if ours == "root":
-            return "a root has no parent"
-        if hello.node_type not in ("branch", "root"):
-            return f"parent {hello.broker_id} is a {hello.node_type}, not a branch or root"
-        if me in hello.ancestry:
-            return f"cycle: {me} is an ancestor of {hello.broker_id}"
-        return None
-    if not accept_children:
-        return "this site does not accept tree children"
-    if ours == "leaf":
-        return "a leaf accepts no children"
-    if hello.node_type == "root":
-        return f"second root: {hello.broker_id} declares itself root"
-    if hello.node_type not in ("leaf", "branch"):
-        return f"child node_type must be leaf or branch, not {hello.node_type!r}"
-    if hello.broker_id in ancestry:
-        return f"cycle: {hello.broker_id} is an ancestor of {me}"
-    return None
-
+POLICIES = MappingProxyType({"mesh": MeshPolicy, "tree": TreePolicy})
 
 class Site:
     """A broker and its federation links (see the module docstring)."""
 
     __slots__ = ("broker_id", "broker", "tree", "accept_tree_children", "log", "counters",
                  "dropped", "route_unknown_up", "ancestry_set", "_ancestry", "_bridges",
-                 "_lanes", "_active", "_rivals", "_locals", "_owner", "_seq")
+                 "_lanes", "_active", "_rivals", "_locals", "_owner", "_seq", "sharing")
 
     def __init__(self, broker_id: str, *, broker: Any, tree: TreeSettings | None = None,
-                 accept_tree_children: bool = True, log_advisories: bool = True) -> None:
+                 accept_tree_children: bool = True, log_advisories: bool = True,
+                 sharing: Sharing | None = None) -> None:
         self.broker_id = broker_id
+        self.sharing = sharing if sharing is not None else Sharing()
         self.broker = broker
         self.tree = tree
         self.accept_tree_children = accept_tree_children
@@ -218,50 +187,20 @@ class Site:
         if conn in self._bridges:
             raise LocalError(f"link {conn} is already up")
         peer = remote_hello.broker_id or "?"
-        settings = local
-        if not dialed:
-            if local.kind == "tree" and remote_hello.connector != "tree":
-                return self._refuse(conn, local, peer, "mesh peer on a tree link",
-                                    remote_hello)
-            try:
-                link = dict(kind=remote_hello.connector or local.kind,
-                            name=remote_hello.link_name or local.name,
-                            duplex=remote_hello.duplex, node_type=None)
-                settings = LinkSettings.from_options(remote_hello.options, **link) \
-                    if remote_hello.options else replace(local, **link)
-                # a protective limit is ours to set: the dialer may only lower it
-                cap = min(settings.max_demand_per_link, local.max_demand_per_link)
-                if cap != settings.max_demand_per_link:
-                    settings = replace(settings, max_demand_per_link=cap)
-            except TreefedError as exc:
-                return self._refuse(conn, local, peer, f"bad connector options: {exc}",
-                                    remote_hello)
-        if remote_hello.role != "broker" or not remote_hello.broker_id:
-            return self._refuse(conn, settings, peer, "peer is not a broker", remote_hello)
-        if settings.kind == "tree":
-            tree = self.tree
-            if dialed and tree is None:  # a site without TreeSettings takes the connector's
-                tree = TreeSettings(settings.node_type or "leaf", settings.route_unknown_up)
-            why = check_tree_hello(tree, remote_hello, me=self.broker_id, dialed=dialed,
-                                   ancestry=self._ancestry,
-                                   accept_children=self.accept_tree_children)
-            if why is None and dialed and self._lanes["parent"]:
-                why = "already linked to a parent"
-            if why is not None:
-                return self._refuse(conn, settings, peer, why, remote_hello)
-            if tree is not self.tree:
-                self.tree, self.route_unknown_up = tree, tree.route_unknown_up
-            lane = "parent" if dialed else "child"
-            forwards = accepts = advertises = True
-            peer_role = remote_hello.node_type or "leaf"
-        else:
-            lane, peer_role = "mesh", "mesh"
-            forwards = settings.duplex or dialed
-            accepts = forwards and not settings.static_bridge
-            advertises = (settings.duplex or not dialed) and not settings.static_bridge
+        # linked already: as a child of ours, or below one (its owner is a live link)
+        children = (peer,) if self.subtree_owner(peer) is not None else ()
+        plan = plan_link(local, remote_hello, me=self.broker_id, dialed=dialed,
+                         tree=self.tree, ancestry=self._ancestry,
+                         accept_children=self.accept_tree_children,
+                         has_parent=bool(self._lanes["parent"]), children=children)
+        if type(plan) is Refusal:
+            return self._refuse(conn, plan.settings, peer, plan.why, remote_hello)
+        settings, lane, advertises = plan.settings, plan.lane, plan.advertises
+        if plan.tree is not self.tree:
+            self.tree, self.route_unknown_up = plan.tree, plan.tree.route_unknown_up
         bridge = Bridge(self, conn, peer, settings, POLICIES[settings.kind](settings),
-                        lane=lane, forwards=forwards, accepts=accepts,
-                        advertises=advertises, peer_role=peer_role)
+                        lane=lane, forwards=plan.forwards, accepts=plan.accepts,
+                        advertises=advertises, peer_role=plan.peer_role)
         out = self.broker.connect(conn, now)
         if bridge.policy.replay:
             self.broker.allow_revisits(conn)
@@ -275,7 +214,7 @@ class Site:
         self._lanes[lane].append(bridge)
         bridge.start(out, now)
         out.append(Log("link.up", {"link": settings.name, "peer": peer,
-                                   "connector": settings.kind, "role": peer_role}))
+                                   "connector": settings.kind, "role": plan.peer_role}))
         if advertises:  # replay every current interest this link may hear of
             for it in list(self._active.values()):
                 src = it.source

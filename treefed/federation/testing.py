@@ -24,9 +24,10 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Iterable
 
-from treefed.core.actions import Close, DeleteMessage, Log, Out, StoreMessage
+from treefed.core.actions import Close, DeleteMessage, Drop, Log, Out, StoreMessage
 from treefed.core.broker import Broker
 from treefed.federation.settings import LinkSettings, TreeSettings
+from treefed.federation.sharing import Sharing
 from treefed.federation.site import Site
 from treefed.wire.frames import Ack, Advisory, Deliver, Error, Forward, Nack, Send, \
     Subscribe, Unsubscribe
@@ -61,6 +62,7 @@ class Estate:
         self._clients: set[tuple[str, str]] = set()
         self._auto_ack: dict[tuple[str, str, str], bool] = {}
         self._msg = 0
+        self.sharing = Sharing()   # one set of shared tables for all its Sites
 
     # -- building ------------------------------------------------------------------
     def add(self, name: str, *, tree: TreeSettings | None = None,
@@ -68,7 +70,7 @@ class Estate:
         broker_kwargs.setdefault("log_messages", self.log_messages)
         site = Site(name, broker=Broker(name, **broker_kwargs), tree=tree,
                     accept_tree_children=accept_tree_children,
-                    log_advisories=self.log_advisories)
+                    log_advisories=self.log_advisories, sharing=self.sharing)
         self.sites[name] = site
         return site
 
@@ -242,6 +244,8 @@ class Estate:
                 self.stored += 1
             elif kind is DeleteMessage:
                 self.deleted += 1
+            elif kind is Drop:
+                self.logs.append((site, action.log()))
 
     def _out(self, site: str, conn: str, frame: Any) -> None:
         wire = self._wires.get((site, conn))
