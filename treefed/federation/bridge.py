@@ -45,6 +45,7 @@ from treefed.core.actions import Drop, Log, Out
 from treefed.core.destinations import parse_destination
 from treefed.core.selector import compile_selector
 from treefed.errors import DestinationError, SelectorError, TreefedError
+from treefed.federation.merged import MergedSelector
 from treefed.federation.settings import LinkSettings
 from treefed.wire.frames import Advisory
 
@@ -138,7 +139,7 @@ class Demand:
     """A network consumer on the core Broker standing for one or more interests."""
 
     __slots__ = ("sub", "dst", "conduit", "static", "members", "selectors", "priorities",
-                 "selector", "priority")
+                 "selector", "priority", "merged")
 
     def __init__(self, sub: str, dst: str, *, conduit: bool, static: bool = False) -> None:
         self.sub = sub
@@ -152,16 +153,26 @@ class Demand:
         # so the merged selector / best priority change only when a count hits 0 or 1
         self.selectors: dict[str | None, int] | None = {} if conduit else None
         self.priorities: dict[int, int] | None = {} if conduit else None
-        self.selector: str | None = None
+        self.selector: Any = None         # text, a MergedSelector, or None (installed)
         self.priority = 0
+        # conduits of a policy that merges selectors (tree): the members' selectors,
+        # each compiled once; changed in place, O(one member) per change
+        self.merged: MergedSelector | None = None
 
-    def add(self, it: Interest) -> None:
+    def add(self, it: Interest) -> bool:
+        """Count ``it`` in; True when the merged selector grew (matches more).  Raises
+        SelectorError (nothing changed) for a selector that does not compile."""
         if not self.conduit:
             self.members = (it,)
-            return
+            return False
+        text = it.selector
+        grew = False
+        if self.merged is not None and text is not None and text not in self.selectors:
+            grew = self.merged.add(text)
         self.members[it] = None
-        self.selectors[it.selector] = self.selectors.get(it.selector, 0) + 1
+        self.selectors[text] = self.selectors.get(text, 0) + 1
         self.priorities[it.demand_priority] = self.priorities.get(it.demand_priority, 0) + 1
+        return grew
 
     def discard(self, it: Interest) -> None:
         if not self.conduit:
@@ -176,6 +187,14 @@ class Demand:
                 table[value] = left
             else:
                 del table[value]
+                if table is self.selectors and value is not None and self.merged is not None:
+                    self.merged.discard(value)
+
+    def installed_selector(self, policy: Any) -> Any:
+        """The selector the core consumer should have for the current members."""
+        if self.merged is not None:
+            return None if None in self.selectors else self.merged
+        return policy.conduit_selector(self.selectors)
 
 
 class Bridge:
@@ -314,17 +333,25 @@ class Bridge:
         """Make ``it`` part of a demand consumer; False when the core refuses it."""
         d = self.conduits.get(it.dst) if it.conduit else None
         if d is not None:
-            d.add(it)
+            try:
+                grew = d.add(it)
+            except SelectorError:
+                return False
             it.demand = d
-            if not d.static and not self._refresh(d, out, now):
+            if not d.static and not self._refresh(d, out, now, grew=grew):
                 d.discard(it)
                 it.demand = None
                 return False
             return True
         self._subs += 1
         d = Demand(self.site.sharing.sub_id(self._subs), it.dst, conduit=it.conduit)
-        d.add(it)
-        d.selector = self.policy.conduit_selector(d.selectors) if it.conduit else it.selector
+        if it.conduit and self.policy.merges_selectors:
+            d.merged = MergedSelector()
+        try:
+            d.add(it)
+        except SelectorError:
+            return False
+        d.selector = d.installed_selector(self.policy) if it.conduit else it.selector
         d.priority = it.demand_priority
         try:
             out += self._install(d, now)
@@ -368,11 +395,15 @@ class Bridge:
             priority=d.priority, peer=self.peer, message_ttl=self.policy.message_ttl,
             replay=self.policy.replay)
 
-    def _refresh(self, d: Demand, out: list, now: float) -> bool:
-        """Conduits: re-create the core consumer when the merged selector or the best
-        member priority changed (members come and go far more often than that)."""
-        shape = self.policy.conduit_selector(d.selectors), max(d.priorities)
-        if shape == (d.selector, d.priority):
+    def _refresh(self, d: Demand, out: list, now: float, *, grew: bool = False) -> bool:
+        """Conduits: re-create the core consumer when its selector or the best member
+        priority changed (members come and go far more often than that).  A merged
+        selector changes in place: when it ``grew``, the core re-offers waiting messages."""
+        shape = d.installed_selector(self.policy), max(d.priorities)
+        if shape[0] is d.selector and shape[1] == d.priority or shape == (d.selector,
+                                                                         d.priority):
+            if grew and d.selector is d.merged:
+                out += self.site.broker.selector_widened(self.conn, d.sub, now)
             return True
         old = d.selector, d.priority
         d.selector, d.priority = shape

@@ -47,6 +47,7 @@ class MeshPolicy:
                  "_suppress_topics", "_suppress_queues")
 
     kind = "mesh"
+    merges_selectors = False   # ActiveMQ conduits drop selectors (conduit_selector)
     replay = False   # ActiveMQ default: a message never goes back to a broker on its path
     #: where the interest came from -> lanes of links it is offered to (routing.py).
     ROUTES = _ROUTES["mesh"]

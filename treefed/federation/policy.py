@@ -39,6 +39,8 @@ class ConnectorPolicy(Protocol):
     kind: ClassVar[str]       # "mesh" | "tree": the routing.ROUTES key
     replay: ClassVar[bool]    # a rested message may later be sent back along its path
     message_ttl: int          # hops a forwarded message may make (-1: unlimited)
+    merges_selectors: ClassVar[bool]  # conduits keep a MergedSelector (any member
+    #                                   matches) instead of conduit_selector's text
 
     def accept(self, bridge: "Bridge", adv: "Advisory") -> str | None:
         """Why an advisory arriving over ``bridge`` is refused, or None.  No effects."""

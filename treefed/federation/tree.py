@@ -19,7 +19,9 @@ tree link leads to our *parent* or to one of our *children* (its lane).
   Bridge claims them for that child's subtree once every check passed.
 * *May it be sent on this link?*  Always, once ROUTES chose the link.
 * *What demand does it create?*  One conduit per (link, destination) whose selector is
-  the OR of its members' selectors (no selector if any member has none).  ActiveMQ
+  the OR of its members' selectors (no selector if any member has none), kept as a
+  ``MergedSelector`` (``merged.py``): each member compiled once, "any of" evaluated, a
+  change O(that member); ``conduit_selector`` gives the equivalent text.  ActiveMQ
   conduits drop selectors, which strands queue messages at brokers whose consumers do
   not select them; the OR keeps one subscription per destination and forwards only
   what some consumer below can take.  Priority -(hops): local consumers (0) win, then
@@ -52,6 +54,8 @@ class TreePolicy:
     replay = True
 
     kind = "tree"
+    #: conduits keep member selectors compiled once each (federation/merged.py)
+    merges_selectors = True
     #: where the interest came from -> lanes of links it is offered to (routing.py).
     ROUTES = _ROUTES["tree"]
 
