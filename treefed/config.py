@@ -126,6 +126,9 @@ class TreeConnectorConfig:
     password: str = ""               #   client certificate may authenticate instead)
     replay_delay: float = 10.0       # seconds a message that came down and lost its
     #                                  consumer waits here before it goes back up
+    advertise_down: tuple[str, ...] | None = None  # kinds ("queue", "topic") whose
+    #   interest from above we want to hear; None: topics only with route_unknown_up
+    #   (a queue message climbs to its consumer anyway), both without
 
     def link_settings(self) -> Any:
         """Settings for the federation Bridge of this link (``kind="tree"``)."""
@@ -133,7 +136,8 @@ class TreeConnectorConfig:
 
         return LinkSettings(kind="tree", name="tree", node_type=self.node_type,
                             route_unknown_up=self.route_unknown_up,
-                            max_demand_per_link=self.max_interest_per_child)
+                            max_demand_per_link=self.max_interest_per_child,
+                            advertise_down=self.advertise_down)
 
     def tree_settings(self) -> Any:
         """This site's own place in the tree (``federation.settings.TreeSettings``)."""
@@ -496,6 +500,7 @@ _POLICY: dict[str, tuple[Checker, Any]] = {
 _TREE_OPTIONS: dict[str, tuple[Checker, Any]] = {
     "route_unknown_up": (_bool, True),
     "max_interest_per_child": (_int(1), 100_000),
+    "advertise_down": (_list_of(_choice("queue", "topic")), None),
 }
 _TREE: dict[str, tuple[Checker, Any]] = {
     "node_type": (_choice("leaf", "branch"), "leaf"),
@@ -794,7 +799,8 @@ def _toml_value(value: Any) -> str:
 
 def _toml_table(header: str, obj: Any) -> str:
     lines = [header]
-    lines += [f"{f.name} = {_toml_value(getattr(obj, f.name))}" for f in fields(obj)]
+    lines += [f"{f.name} = {_toml_value(getattr(obj, f.name))}" for f in fields(obj)
+              if getattr(obj, f.name) is not None]   # None: the default, left out
     return "\n".join(lines) + "\n"
 
 

@@ -202,7 +202,7 @@ class Bridge:
 
     __slots__ = ("site", "conn", "peer", "settings", "policy", "lane", "name", "duplex",
                  "forwards", "accepts", "advertises", "up", "remote", "conduits", "owned",
-                 "peer_role", "_subs")
+                 "peer_role", "_subs", "down")
 
     def __init__(self, site: "Site", conn: str, peer: str, settings: LinkSettings,
                  policy: Any, *, lane: str, forwards: bool, accepts: bool,
@@ -224,6 +224,11 @@ class Bridge:
         self.owned: set[str] = set()      # tree child: brokers claimed for its subtree
         self.peer_role = peer_role
         self._subs = 0                    # demand sub ids issued on this conn
+        # a child link: destination prefixes whose interest from above goes down it
+        # (settings.advertise_down; the kinds' temporary variants follow them)
+        self.down: tuple[str, ...] = tuple(
+            prefix for kind in settings.advertise_down
+            for prefix in (f"{kind}://", f"temp-{kind}://"))
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self, out: list, now: float) -> None:
@@ -278,9 +283,8 @@ class Bridge:
         if reason is not None:
             self.drop(adv, reason, out)
             return
-        claims = policy.claims(self, adv)
-        if claims:   # every check passed: now the subtree may grow
-            site.claim_subtree(self, claims)
+        if self.lane == "child":   # every check passed: now the child's subtree may grow
+            site.claim_subtree(self, policy.claims(self, adv))
         site._seq += 1   # Site.next_seq, inlined: once per accepted advisory
         it = Interest(key[0], _intern(adv.dst), _intern(adv.origin), adv.selector,
                       adv.priority, key[1], self, site._seq, key)

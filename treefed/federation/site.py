@@ -46,7 +46,7 @@ from treefed.federation.bridge import Bridge, Interest
 from treefed.federation.handshake import Refusal, check_tree_hello, plan_link
 from treefed.federation.mesh import MeshPolicy
 from treefed.core.destinations import parse_destination
-from treefed.federation.routing import ROUTES_ALL as _ROUTES
+from treefed.federation.routing import DOWN, ROUTES_ALL as _ROUTES
 from treefed.federation.settings import LinkSettings, TreeSettings
 from treefed.federation.sharing import Sharing
 from treefed.federation.tree import TreePolicy
@@ -216,9 +216,11 @@ class Site:
         out.append(Log("link.up", {"link": settings.name, "peer": peer,
                                    "connector": settings.kind, "role": plan.peer_role}))
         if advertises:  # replay every current interest this link may hear of
+            down = bridge.down if lane == DOWN else None
             for it in list(self._active.values()):
                 src = it.source
-                if src is not bridge and lane in _ROUTES[src.lane if src else "local"]:
+                if src is not bridge and lane in _ROUTES[src.lane if src else "local"] \
+                        and (down is None or it.dst.startswith(down)):
                     bridge.offer(it, out)
         return out
 
@@ -396,6 +398,12 @@ class Site:
         src = it.source
         lanes = self._lanes
         for lane in _ROUTES[src.lane if src is not None else "local"]:
+            if lane == DOWN:   # each child chose the kinds it hears of from above
+                dst = it.dst
+                for bridge in lanes[lane]:
+                    if bridge is not src and bridge.advertises and dst.startswith(bridge.down):
+                        bridge.offer(it, out)
+                continue
             for bridge in lanes[lane]:
                 if bridge is not src and bridge.advertises:
                     bridge.offer(it, out)

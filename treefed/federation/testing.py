@@ -63,6 +63,8 @@ class Estate:
         self._auto_ack: dict[tuple[str, str, str], bool] = {}
         self._msg = 0
         self.sharing = Sharing()   # one set of shared tables for all its Sites
+        #: ``advertise_down`` of the tree links ``tree_link`` makes (None: the default)
+        self.advertise_down: tuple[str, ...] | None = None
 
     # -- building ------------------------------------------------------------------
     def add(self, name: str, *, tree: TreeSettings | None = None,
@@ -101,7 +103,8 @@ class Estate:
         node_type = tree.node_type if tree is not None and tree.node_type != "root" \
             else "leaf"
         return self.link(child, parent, LinkSettings(kind="tree", name=name,
-                                                     node_type=node_type))
+                                                     node_type=node_type,
+                                                     advertise_down=self.advertise_down))
 
     def unlink(self, a: str, b: str, name: str | None = None) -> None:
         """Cut the link(s) between ``a`` and ``b`` (all names, or just ``name``)."""
@@ -281,13 +284,17 @@ class Estate:
 
 def tree_estate(levels: list[int], *, mode: str = "tree",
                 mesh: LinkSettings | None = None, route_unknown_up: bool = True,
-                max_demand_per_link: int = 100_000,
-                log_advisories: bool = True) -> tuple[Estate, list[list[str]]]:
+                max_demand_per_link: int = 100_000, log_advisories: bool = True,
+                advertise_down: tuple[str, ...] | None = None,
+                ) -> tuple[Estate, list[list[str]]]:
     """A tree-shaped estate: root ``HQ``, ``levels[0]`` regions ``R1``..., each holding
     ``levels[1]`` children ``R1.1``... and so on.  ``mode="tree"`` links it with tree
     connectors, ``mode="mesh"`` with ``mesh`` settings dialed from child to parent.
+    ``advertise_down``: the kinds interest from above is sent down for (None: the
+    LinkSettings default; ``("queue", "topic")``: the plain AMQ-2875 rule).
     Returns the estate and the broker names per level (root first)."""
     estate = Estate(log_advisories=log_advisories)
+    estate.advertise_down = advertise_down
     names: list[list[str]] = [["HQ"]]
     for depth, fanout in enumerate(levels, 1):
         names.append([f"R{i}" if depth == 1 else f"{parent}.{i}"
@@ -308,7 +315,8 @@ def tree_estate(levels: list[int], *, mode: str = "tree",
                 estate.link(name, parent, LinkSettings(
                     kind="tree", name="tree", node_type=tree.node_type,
                     route_unknown_up=route_unknown_up,
-                    max_demand_per_link=max_demand_per_link))
+                    max_demand_per_link=max_demand_per_link,
+                    advertise_down=advertise_down))
             else:
                 estate.link(name, parent, mesh or LinkSettings(duplex=True))
     estate.run_until_quiet()
