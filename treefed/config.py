@@ -129,6 +129,8 @@ class TreeConnectorConfig:
     advertise_down: tuple[str, ...] | None = None  # kinds ("queue", "topic") whose
     #   interest from above we want to hear; None: topics only with route_unknown_up
     #   (a queue message climbs to its consumer anyway), both without
+    resync_grace: float = 0.0        # seconds both ends hold the link's interest after
+    #                                  it drops: a quick reconnect sends only the change
 
     def link_settings(self) -> Any:
         """Settings for the federation Bridge of this link (``kind="tree"``)."""
@@ -137,7 +139,8 @@ class TreeConnectorConfig:
         return LinkSettings(kind="tree", name="tree", node_type=self.node_type,
                             route_unknown_up=self.route_unknown_up,
                             max_demand_per_link=self.max_interest_per_child,
-                            advertise_down=self.advertise_down)
+                            advertise_down=self.advertise_down,
+                            resync_grace=self.resync_grace)
 
     def tree_settings(self) -> Any:
         """This site's own place in the tree (``federation.settings.TreeSettings``)."""
@@ -501,6 +504,7 @@ _TREE_OPTIONS: dict[str, tuple[Checker, Any]] = {
     "route_unknown_up": (_bool, True),
     "max_interest_per_child": (_int(1), 100_000),
     "advertise_down": (_list_of(_choice("queue", "topic")), None),
+    "resync_grace": (_number(0.0), 0.0),
 }
 _TREE: dict[str, tuple[Checker, Any]] = {
     "node_type": (_choice("leaf", "branch"), "leaf"),

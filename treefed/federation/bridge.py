@@ -325,6 +325,16 @@ class Bridge:
                 "dst": it.dst, "origin": it.origin, "kind": "add",
                 "hops": len(it.path) + 1}))
 
+    def retract_frame(self, add: Advisory, out: list) -> None:
+        """Retract an interest we no longer hold, from its add frame (delta resync)."""
+        out.append(Out(self.conn, Advisory("remove", add.consumer, add.dst, add.origin,
+                                           add.selector, add.priority, list(add.path))))
+        site = self.site
+        site.counters["removals_sent"] += 1
+        if site.log:
+            out.append(self._log("advisory.sent", add, hops=len(add.path) + 1,
+                                 kind="remove"))
+
     def retract(self, it: Interest, out: list) -> None:
         out.append(Out(self.conn, it.frame("remove")))
         site = self.site

@@ -75,6 +75,10 @@ class LinkSettings:
     # message climbs to its consumer anyway, so queue interest below would be spill --
     # and ("queue", "topic") without it.
     advertise_down: tuple[str, ...] | None = None
+    # tree, the child's side: seconds both ends hold the link's interest after it drops,
+    # so a reconnect within them exchanges only the difference (federation/resync.py);
+    # 0 = forget at once and resend everything (the AMQ-2875 behaviour)
+    resync_grace: float = 0.0
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -101,6 +105,8 @@ class LinkSettings:
         put(self, "excluded", _destinations("excluded", self.excluded, wildcards=True))
         put(self, "statically_included",
             _destinations("statically_included", self.statically_included, wildcards=False))
+        if type(self.resync_grace) not in (int, float) or self.resync_grace < 0:
+            raise ConfigError("resync_grace", "must be a number of seconds >= 0")
         down = self.advertise_down
         if down is None:
             down = ("topic",) if self.route_unknown_up else ("queue", "topic")

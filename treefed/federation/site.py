@@ -45,6 +45,7 @@ from treefed.events import DROP_REASONS
 from treefed.federation.bridge import Bridge, Interest
 from treefed.federation.handshake import Refusal, check_tree_hello, plan_link
 from treefed.federation.mesh import MeshPolicy
+from treefed.federation.resync import DELTA, FULL, OPTION as RESYNC, Held, digest
 from treefed.core.destinations import parse_destination
 from treefed.federation.routing import DOWN, ROUTES_ALL as _ROUTES
 from treefed.federation.settings import LinkSettings, TreeSettings
@@ -63,7 +64,8 @@ class Site:
 
     __slots__ = ("broker_id", "broker", "tree", "accept_tree_children", "log", "counters",
                  "dropped", "route_unknown_up", "ancestry_set", "_ancestry", "_bridges",
-                 "_lanes", "_active", "_rivals", "_locals", "_owner", "_seq", "sharing")
+                 "_lanes", "_active", "_rivals", "_locals", "_owner", "_seq", "sharing",
+                 "_held_up", "_suspended")
 
     def __init__(self, broker_id: str, *, broker: Any, tree: TreeSettings | None = None,
                  accept_tree_children: bool = True, log_advisories: bool = True,
@@ -89,6 +91,11 @@ class Site:
         self._locals: dict[str, dict[str, Interest]] = {}  # client conn -> sub -> interest
         self._owner: dict[str, Bridge] = {}         # broker id -> child link (tree)
         self._seq = 0
+        # resync (resync.py): what we advertised up when the parent link dropped, and
+        # per (child id, link name) the interest learned from a dropped child link,
+        # suspended: (deadline, [Interest], digest)
+        self._held_up: Held | None = None
+        self._suspended: dict[tuple[str, str], tuple[float, list[Interest], str]] = {}
 
     # -- identity ------------------------------------------------------------------
     @property
@@ -107,17 +114,37 @@ class Site:
         with ``reply_to`` when answering a dialer (its connector and link echoed)."""
         if settings is None:
             kind = reply_to.connector if reply_to is not None else None
+            verdict = self._resync_verdict(reply_to) if kind == "tree" else None
             return Hello(PROTOCOL_VERSION, "broker", broker_id=self.broker_id,
                          name=self.broker_id, connector=kind,
                          node_type=self.node_type if kind == "tree" else "mesh",
                          ancestry=self.ancestry(),
                          link_name=reply_to.link_name if reply_to is not None else None,
-                         duplex=reply_to.duplex if reply_to is not None else False)
+                         duplex=reply_to.duplex if reply_to is not None else False,
+                         options={RESYNC: verdict} if verdict else {})
+        options = settings.to_options()
+        held = self._held_up
+        if settings.kind == "tree" and held is not None and held.link == settings.name:
+            options[RESYNC] = held.digest()   # "count:hash", see resync.digest
         return Hello(PROTOCOL_VERSION, "broker", broker_id=self.broker_id,
                      name=self.broker_id, connector=settings.kind,
                      node_type=self.node_type if settings.kind == "tree" else "mesh",
                      ancestry=self.ancestry(), link_name=settings.name,
-                     duplex=settings.duplex, options=settings.to_options())
+                     duplex=settings.duplex, options=options)
+
+    def _resync_verdict(self, hello: Hello | None) -> str | None:
+        """The parent's answer to a child's resync offer: DELTA when we still hold
+        exactly what it says it advertised to us, FULL when it offered and we do not,
+        None when it made no offer."""
+        if hello is None or not isinstance(hello.options, dict):
+            return None
+        offer = hello.options.get(RESYNC)
+        if not isinstance(offer, str) or offer in (DELTA, FULL):
+            return None
+        held = self._suspended.get((hello.broker_id, hello.link_name or "tree"))
+        if held is not None and offer == held[2]:
+            return DELTA
+        return FULL
 
     def check_tree_hello(self, hello: Hello, *, dialed: bool) -> str | None:
         return check_tree_hello(self.tree, hello, me=self.broker_id, dialed=dialed,
@@ -215,6 +242,15 @@ class Site:
         bridge.start(out, now)
         out.append(Log("link.up", {"link": settings.name, "peer": peer,
                                    "connector": settings.kind, "role": plan.peer_role}))
+        if lane == "child":
+            self._resume_child(bridge, remote_hello, out, now)
+        elif lane == "parent" and self._held_up is not None:
+            held, self._held_up = self._held_up, None
+            offer = remote_hello.options.get(RESYNC) if isinstance(
+                remote_hello.options, dict) else None
+            if offer == DELTA and held.link == settings.name:
+                self._delta_up(bridge, held, out)
+                return out
         if advertises:  # replay every current interest this link may hear of
             down = bridge.down if lane == DOWN else None
             for it in list(self._active.values()):
@@ -242,8 +278,21 @@ class Site:
         self._lanes[bridge.lane].remove(bridge)
         # the core drops every consumer of the conn at once (in-flight messages requeue)
         out = self.broker.disconnect(conn, now)
+        grace = bridge.settings.resync_grace if bridge.settings.kind == "tree" else 0
+        if grace and bridge.lane == "parent":   # what we told it, for a delta resync
+            self._held_up = Held(bridge.name, now + grace, {
+                it.key: it.frame("add") for it in self._active.values()
+                if bridge in it.sent_to})
         learned = list(bridge.remote.values())
         bridge.remote.clear()
+        if grace and bridge.lane == "child":    # held, not forgotten (resync.py)
+            for it in learned:
+                if it.active:
+                    bridge.leave_demand(it, out, now, gone=True)
+            self._suspended[(bridge.peer, bridge.name)] = (
+                now + grace, learned, digest((c, p[:-1]) for c, p in
+                                             (it.key for it in learned)))
+            learned = []
         for it in learned:  # first, so no fail-over picks an instance of this dead link
             if not it.active:
                 self._unrival(it)
@@ -272,10 +321,67 @@ class Site:
 
     # -- timers & stats ------------------------------------------------------------
     def next_deadline(self) -> float | None:
-        return self.broker.next_deadline()
+        deadline = self.broker.next_deadline()
+        for held, *_ in self._suspended.values():
+            if deadline is None or held < deadline:
+                deadline = held
+        if self._held_up is not None and (deadline is None
+                                          or self._held_up.deadline < deadline):
+            deadline = self._held_up.deadline
+        return deadline
 
     def handle_timer(self, now: float) -> list:
-        return self.broker.handle_timer(now)
+        out = self.broker.handle_timer(now)
+        if self._held_up is not None and self._held_up.deadline <= now:
+            self._held_up = None
+        for key in [k for k, v in self._suspended.items() if v[0] <= now]:
+            self._drop_suspended(key, out, now)
+        return out
+
+    # -- resync (resync.py) ----------------------------------------------------------
+    def _drop_suspended(self, key: tuple[str, str], out: list, now: float) -> None:
+        """The grace is over (or the child resyncs in full): forget for good."""
+        _, learned, _ = self._suspended.pop(key)
+        for it in learned:
+            if it.active:
+                self.forget(it, out, now, gone=True)
+
+    def _resume_child(self, bridge: Bridge, hello: Hello, out: list, now: float) -> None:
+        """A child link came up: restore its suspended interest (the verdict was DELTA)
+        or forget it for good (anything else)."""
+        key = (bridge.peer, bridge.name)
+        if key not in self._suspended:
+            return
+        if self._resync_verdict(hello) != DELTA:
+            self._drop_suspended(key, out, now)
+            return
+        _, learned, _ = self._suspended.pop(key)
+        for it in learned:
+            if not it.active:
+                continue
+            it.source = bridge
+            bridge.remote[it.key] = it
+            self.claim_subtree(bridge, it.path[:-1])
+            if not bridge.join_demand(it, out, now):
+                bridge.remote.pop(it.key, None)
+                self.forget(it, out, now, gone=True)
+
+    def _delta_up(self, bridge: Bridge, held: Held, out: list) -> None:
+        """The parent still holds what we had advertised: send only the difference."""
+        frames = held.frames
+        for it in list(self._active.values()):
+            src = it.source
+            if src is bridge or bridge.lane not in _ROUTES[src.lane if src else "local"]:
+                continue
+            if frames.pop(it.key, None) is not None:
+                if it.sent_to:          # it is still there: no frame
+                    it.sent_to.append(bridge)
+                else:
+                    it.sent_to = [bridge]
+            else:
+                bridge.offer(it, out)   # appeared during the outage
+        for frame in frames.values():   # left during the outage
+            bridge.retract_frame(frame, out)
 
     def statistics(self) -> dict:
         stats = dict(self.broker.statistics())
