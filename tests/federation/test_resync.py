@@ -82,14 +82,18 @@ class TestDelta:
         assert hq_demand(e) == N + 1
 
     def test_after_the_grace_everything_is_forgotten_and_resent(self):
-        """Past resync_grace the parent forgets (demand removed) and a later reconnect is
-        a full resync."""
+        """The parent forgets the link's interest at once (demand removed, routing as
+        before) but remembers it for resync_grace; after that a reconnect is a full
+        resync."""
         e = estate()
         e.unlink("R1", "HQ")
         e.run_until_quiet()
-        assert e.sites["HQ"].statistics()["interest"] == N    # held
+        hq = e.sites["HQ"].statistics()
+        assert hq["interest"] == 0 and hq["resync"]["children"] == ["R1/tree"]
+        assert e.sites["R1"].statistics()["resync"]["held_up"] == N
         e.advance(GRACE + 1)
-        assert e.sites["HQ"].statistics()["interest"] == 0
+        assert "resync" not in e.sites["HQ"].statistics()
+        assert "resync" not in e.sites["R1"].statistics()
         before = len(e.advisories)
         assert e.link("R1", "HQ", tree(GRACE, "branch"))
         e.run_until_quiet()

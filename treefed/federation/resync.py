@@ -11,13 +11,15 @@ With ``resync_grace`` > 0 (the child's connector setting, sent to the parent in 
 hello options) each end *holds* its side for that many seconds:
 
 * the child: ``Held`` -- the add frames it had sent up, by interest key;
-* the parent: the Interest objects learned from that child, *suspended* (their demand
-  went with the connection; they are not retracted anywhere else).
+* the parent: the Interest objects learned from that child.  They are forgotten as
+  before (demand removed, removals sent up), so routing during the outage is unchanged;
+  they are only *remembered*, to be re-admitted without a frame from the child.
 
 On reconnect the child's hello carries the digest (``"count:hash"``) of what it holds; the
-parent compares with the digest of its suspended set for that child (same broker id,
-same link name).  Equal: the parent restores them onto the new link (demand re-created
-locally, no frame) and answers ``"delta"``; the child then sends only the difference --
+parent compares with the digest of what it remembers for that child (same broker id,
+same link name).  Equal: the parent re-admits them on the new link (demand re-created,
+advertised up again as for a fresh add, but no frame crosses the flapped link) and
+answers ``"delta"``; the child then sends only the difference --
 adds for interest that appeared during the outage, removals for interest that left.
 Otherwise (parent restarted, grace expired, anything differs) the parent drops what it
 held and answers ``"full"``: the old full replay.  A child that restarted holds nothing

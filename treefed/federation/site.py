@@ -285,14 +285,10 @@ class Site:
                 if bridge in it.sent_to})
         learned = list(bridge.remote.values())
         bridge.remote.clear()
-        if grace and bridge.lane == "child":    # held, not forgotten (resync.py)
-            for it in learned:
-                if it.active:
-                    bridge.leave_demand(it, out, now, gone=True)
+        if grace and bridge.lane == "child":    # remembered for a delta resync (resync.py)
             self._suspended[(bridge.peer, bridge.name)] = (
                 now + grace, learned, digest((c, p[:-1]) for c, p in
                                              (it.key for it in learned)))
-            learned = []
         for it in learned:  # first, so no fail-over picks an instance of this dead link
             if not it.active:
                 self._unrival(it)
@@ -340,15 +336,15 @@ class Site:
 
     # -- resync (resync.py) ----------------------------------------------------------
     def _drop_suspended(self, key: tuple[str, str], out: list, now: float) -> None:
-        """The grace is over (or the child resyncs in full): forget for good."""
-        _, learned, _ = self._suspended.pop(key)
-        for it in learned:
-            if it.active:
-                self.forget(it, out, now, gone=True)
+        """The grace is over (or the child resyncs in full): nothing to remember."""
+        self._suspended.pop(key, None)
 
     def _resume_child(self, bridge: Bridge, hello: Hello, out: list, now: float) -> None:
-        """A child link came up: restore its suspended interest (the verdict was DELTA)
-        or forget it for good (anything else)."""
+        """A child link came up: re-admit the interest it had taught us (the verdict was
+        DELTA: it still holds exactly that) without a frame from it, or forget what we
+        remembered (anything else).  Re-admitting re-creates demand and advertises up
+        again, as a fresh add would: the link's interest was forgotten (and retracted
+        upward) when it dropped, so routing during the outage was the usual one."""
         key = (bridge.peer, bridge.name)
         if key not in self._suspended:
             return
@@ -357,14 +353,12 @@ class Site:
             return
         _, learned, _ = self._suspended.pop(key)
         for it in learned:
-            if not it.active:
+            if it.active or it.key in bridge.remote:
                 continue
             it.source = bridge
             bridge.remote[it.key] = it
             self.claim_subtree(bridge, it.path[:-1])
-            if not bridge.join_demand(it, out, now):
-                bridge.remote.pop(it.key, None)
-                self.forget(it, out, now, gone=True)
+            self.admit(it, out, now)
 
     def _delta_up(self, bridge: Bridge, held: Held, out: list) -> None:
         """The parent still holds what we had advertised: send only the difference."""
@@ -395,6 +389,10 @@ class Site:
         stats["advisories_dropped"] = {k: v for k, v in self.dropped.items() if v}
         if self.tree is not None or self._lanes["child"]:
             stats["tree"] = {"node_type": self.node_type, "ancestry": self.ancestry()}
+        if self._suspended or self._held_up is not None:   # resync.py
+            stats["resync"] = {
+                "children": sorted(f"{peer}/{link}" for peer, link in self._suspended),
+                "held_up": len(self._held_up.frames) if self._held_up else 0}
         return stats
 
     # -- tree subtree ownership (read by TreePolicy) -------------------------------
