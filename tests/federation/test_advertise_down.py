@@ -53,6 +53,17 @@ class TestDefault:
         e.run_until_quiet()
         assert len(e.delivered("HQ")) == 1
 
+    def test_temporary_destinations_always_go_down(self):
+        """A requester's temp queue at HQ is known below, so a store's reply reaches it
+        (the fallback route up covers queue:// and topic:// only)."""
+        e, names = tree_estate([1, 1])
+        e.subscribe("HQ", "r", "temp-queue://HQ.c.1")
+        e.run_until_quiet()
+        assert receivers(e, "HQ/c/r") == ["R1", "R1.1"]
+        e.send("R1.1", "temp-queue://HQ.c.1")
+        e.run_until_quiet()
+        assert len(e.delivered("HQ", sub="r")) == 1
+
     def test_plain_rule_is_an_option(self):
         """advertise_down = ["queue", "topic"] restores AMQ-2875 rule 4."""
         e, names = tree_estate([2, 2], advertise_down=PLAIN)

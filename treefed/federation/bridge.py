@@ -225,10 +225,12 @@ class Bridge:
         self.peer_role = peer_role
         self._subs = 0                    # demand sub ids issued on this conn
         # a child link: destination prefixes whose interest from above goes down it
-        # (settings.advertise_down; the kinds' temporary variants follow them)
+        # (settings.advertise_down).  Temporary destinations always do: a reply travels
+        # on the requester's temp queue, and the fallback route up covers queue:// and
+        # topic:// only (temp names are owned by one connection, never wildcarded)
         self.down: tuple[str, ...] = tuple(
-            prefix for kind in settings.advertise_down
-            for prefix in (f"{kind}://", f"temp-{kind}://"))
+            f"{kind}://" for kind in settings.advertise_down) + (
+            "temp-queue://", "temp-topic://")
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self, out: list, now: float) -> None:

@@ -73,7 +73,8 @@ class LinkSettings:
     # tree, the child's side: kinds ("queue", "topic") whose interest from above the
     # parent sends down this link.  None: ("topic",) with route_unknown_up -- a queue
     # message climbs to its consumer anyway, so queue interest below would be spill --
-    # and ("queue", "topic") without it.
+    # and ("queue", "topic") without it.  Temporary destinations always go down
+    # (request/reply: the reply must find the requester's temp queue).
     advertise_down: tuple[str, ...] | None = None
     # tree, the child's side: seconds both ends hold the link's interest after it drops,
     # so a reconnect within them exchanges only the difference (federation/resync.py);
