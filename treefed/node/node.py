@@ -740,6 +740,8 @@ class BrokerNode:
         scope = None
         if self._tree_scope is not None and bridge is not None and bridge.lane == "child":
             scope = self._tree_scope.for_child(c.peer, leaf=hello.node_type == "leaf")
+            # a delta resync re-admitted the child's subtree without advisories to screen
+            scope.add_subtree(bridge.owned)
         if scope is None and self._authz is None:
             return None
         site = self.site
