@@ -245,10 +245,12 @@ class Estate:
 
     def __init__(self, tmp_path: Path, mode: str, *, stores: int = 1,
                  proxied: tuple[str, ...] = (), hq_slave: bool = False,
+                 tree_options: dict | None = None,
                  heartbeat: float = 2.0, broker: dict[str, dict] | None = None,
                  policies: dict[str, list] | None = None) -> None:
         assert mode in MODES
         self.mode = mode
+        self.tree_options = dict(tree_options or {})   # extra [tree_connector] keys
         self.root = tmp_path / mode
         self.root.mkdir(parents=True, exist_ok=True)
         broker = broker or {}
@@ -301,7 +303,8 @@ class Estate:
         if site.parent is not None:
             uri = self._uplink(site)
             if self.mode == "tree":
-                doc["tree_connector"] = {"uri": uri, "node_type": site.node_type}
+                doc["tree_connector"] = {"uri": uri, "node_type": site.node_type,
+                                         **self.tree_options}
             else:
                 doc["network_connector"] = [{"name": "up", "uri": uri, "duplex": True,
                                              "network_ttl": 2}]

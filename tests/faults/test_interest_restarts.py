@@ -117,3 +117,46 @@ class TestNoStaleInterest:
             await settled(estate, "queue://s1.marker")
             assert await holders(estate, dst) == []
             await estate.stop()
+
+
+class TestDeltaResync:
+    async def test_store_link_flap_resends_only_the_difference(self, estates):
+        """Tree, resync_grace 30: s1's uplink is cut (proxy) while one of its 20
+        consumers leaves; after the link returns r1 receives exactly one advisory (that
+        removal) instead of 19 adds, holds demand for the 19, none for the one that left,
+        and messages from HQ reach a kept consumer."""
+        estate = estates("tree", proxied=("s1",), tree_options={"resync_grace": 30.0})
+        n = 20
+        with trio.fail_after(120):
+            await estate.start()
+            r1 = estate.brokers["r1"]
+
+            async def r1_demand() -> set[str]:
+                stats = await r1.stat()
+                return {c["dst"] for c in stats["consumers"]} if stats else set()
+
+            async with connect(failover(estate, "s1")) as app:
+                subs = [await app.subscribe(f"queue://s1.q{i}") for i in range(n)]
+                await wait_until(lambda: _has(r1_demand, n), 20, "demand at r1")
+                before = (await r1.stat())["advisories"]["advisories_received"]
+                proxy = estate.proxies["s1"]
+                await trio.to_thread.run_sync(proxy.cut)
+                await wait_until(lambda: _has(r1_demand, 0), 20, "r1 forgot s1's demand")
+                await subs[0].close()                 # leaves during the outage
+                await trio.to_thread.run_sync(proxy.restore)
+                await estate.wait_linked()
+                await wait_until(lambda: _has(r1_demand, n - 1), 20, "demand back at r1")
+                assert "queue://s1.q0" not in await r1_demand()
+                after = (await r1.stat())["advisories"]["advisories_received"]
+                assert after - before == 1
+                async with connect(estate.uri("hq")) as hq:
+                    await hq.send("queue://s1.q5", b"after-resync", persistent=True)
+                with trio.fail_after(20):
+                    msg = await subs[5].receive()
+                assert msg.body == b"after-resync"
+                await msg.ack()
+            await estate.stop()
+
+
+async def _has(demand, n: int) -> bool:
+    return sum(1 for d in await demand() if d.startswith("queue://s1.q")) == n
