@@ -103,6 +103,8 @@ class LoggingSection:
     level: str = "info"              # one of LOG_LEVELS
     file: str = ""                   # "" = stderr
     message_events: bool = False     # per-message events: debug volume, off in production
+    advisory_events: bool = False    # every advisory.sent/received/dropped at info (runs
+    #                                  whose logs are the event log); else debug + digest
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +148,11 @@ class TreeConnectorConfig:
     password: str = ""               #   client certificate may authenticate instead)
     replay_delay: float = 10.0       # seconds a message that came down and lost its
     #                                  consumer waits here before it goes back up
+    advertise_down: tuple[str, ...] | None = None  # kinds ("queue", "topic") whose
+    #   interest from above we want to hear; None: topics only with route_unknown_up
+    #   (a queue message climbs to its consumer anyway), both without
+    resync_grace: float = 0.0        # seconds both ends hold the link's interest after
+    #                                  it drops: a quick reconnect sends only the change
 
     def link_settings(self) -> Any:
         """Settings for the federation Bridge of this link (``kind="tree"``)."""
@@ -153,7 +160,9 @@ class TreeConnectorConfig:
 
         return LinkSettings(kind="tree", name="tree", node_type=self.node_type,
                             route_unknown_up=self.route_unknown_up,
-                            max_demand_per_link=self.max_interest_per_child)
+                            max_demand_per_link=self.max_interest_per_child,
+                            advertise_down=self.advertise_down,
+                            resync_grace=self.resync_grace)
 
     def tree_settings(self) -> Any:
         """This site's own place in the tree (``federation.settings.TreeSettings``)."""
@@ -257,6 +266,9 @@ class TreeScopeConfig:
     child_patterns: tuple[str, ...] = ()   # {child} / {subtree} placeholders
     broadcast: tuple[str, ...] = ()        # any child may advertise and send
     upward: tuple[str, ...] = ()           # any child may send (not advertise)
+    child_groups: tuple[str, ...] = ()     # with authentication: only users in one of
+    #                                        these groups may attach as tree children
+    #                                        (the broker role); () = any user
 
     def tree_scope(self, *, temp_destinations: bool = True) -> Any:
         """A ``security.TreeScope``, or None when children are not confined."""
@@ -507,6 +519,7 @@ _LOGGING: dict[str, tuple[Checker, Any]] = {
     "level": (_log_level, "info"),
     "file": (_string, ""),
     "message_events": (_bool, False),
+    "advisory_events": (_bool, False),
 }
 
 _POLICY: dict[str, tuple[Checker, Any]] = {
@@ -523,6 +536,8 @@ _POLICY: dict[str, tuple[Checker, Any]] = {
 _TREE_OPTIONS: dict[str, tuple[Checker, Any]] = {
     "route_unknown_up": (_bool, True),
     "max_interest_per_child": (_int(1), 100_000),
+    "advertise_down": (_list_of(_choice("queue", "topic")), None),
+    "resync_grace": (_number(0.0), 0.0),
 }
 _TREE: dict[str, tuple[Checker, Any]] = {
     "node_type": (_choice("leaf", "branch"), "leaf"),
@@ -632,6 +647,7 @@ _TREE_SCOPE: dict[str, tuple[Checker, Any]] = {
     "child_patterns": (_list_of(_permission_pattern("child", "subtree")), ()),
     "broadcast": (_list_of(_permission_pattern()), ()),
     "upward": (_list_of(_permission_pattern()), ()),
+    "child_groups": (_list_of(_identifier), ()),
 }
 _SECURITY_TABLES = ("user", "permission", "tls", "tree")
 
@@ -853,7 +869,8 @@ def _toml_value(value: Any) -> str:
 
 def _toml_table(header: str, obj: Any) -> str:
     lines = [header]
-    lines += [f"{f.name} = {_toml_value(getattr(obj, f.name))}" for f in fields(obj)]
+    lines += [f"{f.name} = {_toml_value(getattr(obj, f.name))}" for f in fields(obj)
+              if getattr(obj, f.name) is not None]   # None: the default, left out
     return "\n".join(lines) + "\n"
 
 

@@ -41,6 +41,10 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "message.delivered": ("msg", "dst", "consumer"),
     "message.dropped": ("msg", "dst", "reason"),
     "message.stranded": ("msg", "dst"),
+    # a broker's log: refusals of one (link, peer, reason) in one interval beyond the
+    # first (which is logged as advisory.dropped), with that first one's fields
+    "advisory.dropped.summary": ("link", "peer", "reason", "count", "interval",
+                                 "consumer", "dst", "origin"),
     "link.up": ("link", "peer", "connector", "role"),
     "link.down": ("link", "peer", "connector", "role"),
     # a link refused after the hello exchange (tree validation, bad options)
@@ -85,6 +89,8 @@ FIELD_TYPES: dict[str, str] = {
     "conn": "string",
     "user": "string",
     "permission": "string",
+    "count": "long",
+    "interval": "double",
 }
 
 ALL_FIELDS: tuple[str, ...] = tuple(FIELD_TYPES)

@@ -15,7 +15,9 @@ black-hole it.  Reconnect back-off is shortened through the URI options (100 ms 
 
 Readiness is observed, never assumed: a broker is *serving* once a client ``stat``
 round trip succeeds, the estate is *linked* once every dialed connector reports
-``operational`` and the consumers' interest has reached the producers' brokers.
+``operational`` and the consumers' interest has reached the producers' brokers (in tree
+mode, a queue consumer above the producer is not advertised down: its message climbs,
+so its own subscription is what counts, see ``Estate.climbs``).
 
 ``Ledger`` records every persistent send (its id ``<producer>:<seq>``, whether and when
 it was confirmed or refused) and every delivery a consumer accepted (acked).
@@ -243,10 +245,12 @@ class Estate:
 
     def __init__(self, tmp_path: Path, mode: str, *, stores: int = 1,
                  proxied: tuple[str, ...] = (), hq_slave: bool = False,
+                 tree_options: dict | None = None,
                  heartbeat: float = 2.0, broker: dict[str, dict] | None = None,
                  policies: dict[str, list] | None = None) -> None:
         assert mode in MODES
         self.mode = mode
+        self.tree_options = dict(tree_options or {})   # extra [tree_connector] keys
         self.root = tmp_path / mode
         self.root.mkdir(parents=True, exist_ok=True)
         broker = broker or {}
@@ -299,7 +303,8 @@ class Estate:
         if site.parent is not None:
             uri = self._uplink(site)
             if self.mode == "tree":
-                doc["tree_connector"] = {"uri": uri, "node_type": site.node_type}
+                doc["tree_connector"] = {"uri": uri, "node_type": site.node_type,
+                                         **self.tree_options}
             else:
                 doc["network_connector"] = [{"name": "up", "uri": uri, "duplex": True,
                                              "network_ttl": 2}]
@@ -346,6 +351,18 @@ class Estate:
 
         await wait_until(linked, timeout, f"{self.mode} links of {', '.join(todo)}",
                          interval=0.05)
+
+    def climbs(self, producer: str, consumer: str, dst: str) -> bool:
+        """Tree mode, a queue, the consumer's broker an ancestor of the producer's: the
+        message climbs (route_unknown_up) and no interest is advertised down for it."""
+        if self.mode != "tree" or dst.startswith("topic://"):
+            return False
+        site = self.sites[producer].parent
+        while site is not None:
+            if self.sites[site].broker_id == self.sites[consumer].broker_id:
+                return True
+            site = self.sites[site].parent
+        return False
 
     async def wait_demand(self, at: str, dst: str, timeout: float = 20.0) -> None:
         """Until broker ``at`` holds a consumer (local or network demand) for ``dst``."""
@@ -630,8 +647,11 @@ class Traffic:
                              prefetch=self.prefetch)
                 self.consumers[dst] = c
                 await nursery.start(c.run)
-        for from_site, _, dst in self.flows:
-            await self.estate.wait_demand(from_site, dst, demand_timeout)
+        for from_site, to_site, dst in self.flows:
+            # tree: queue interest is not advertised down (issue 18 part 4), a message
+            # for a consumer above climbs to it: ready once the consumer is subscribed
+            at = to_site if self.estate.climbs(from_site, to_site, dst) else from_site
+            await self.estate.wait_demand(at, dst, demand_timeout)
         for i, (from_site, _, dst) in enumerate(self.flows):
             p = Producer(self.ledger, self.uri(from_site), dst,
                          f"p{i}-{from_site}", rate=self.rate)

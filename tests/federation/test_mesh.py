@@ -296,12 +296,13 @@ class TestSharedLogFields:
         assert received["R"]["hops"] == 1 and received["R"] is not received["S2"]
 
     def test_a_different_peer_or_link_gets_its_own(self):
-        from treefed.federation import bridge as bridge_module
+        from treefed.federation.sharing import Sharing
 
+        shared = Sharing()
         frame = adv(consumer="X/c/1", origin="X", path=["X"])
-        first = bridge_module._received_fields(frame, "mesh", "R")
-        assert bridge_module._received_fields(frame, "mesh", "R") is first
-        other_peer = bridge_module._received_fields(frame, "mesh", "Q")
-        other_link = bridge_module._received_fields(frame, "backup", "R")
+        first = shared.received_fields(frame, "mesh", "R")
+        assert shared.received_fields(frame, "mesh", "R") is first
+        other_peer = shared.received_fields(frame, "mesh", "Q")
+        other_link = shared.received_fields(frame, "backup", "R")
         assert other_peer["peer"] == "Q" and other_link["link"] == "backup"
         assert first["peer"] == "R" and first["link"] == "mesh"

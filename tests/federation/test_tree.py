@@ -8,6 +8,11 @@ from treefed.federation.testing import Estate, tree_estate
 from treefed.wire.frames import Advisory, Hello
 
 
+#: the plain AMQ-2875 rule: interest from above goes down for queues and topics (issue 18
+#: part 4 made queues opt-in when route_unknown_up is on)
+PLAIN = ("queue", "topic")
+
+
 def ancestors(name):
     """R1.2.1 -> [R1.2, R1, HQ]."""
     out = []
@@ -49,7 +54,7 @@ class TestTreeAdvisories:
 
     def test_branch_consumer_goes_up_and_down_its_subtree(self):
         """A branch's advisory goes to the root and to its whole subtree, nowhere else."""
-        e, names = tree_estate([2, 2, 2])
+        e, names = tree_estate([2, 2, 2], advertise_down=PLAIN)
         e.subscribe("R1.1", "s", "queue://R1.1.Incoming")
         e.run_until_quiet()
         receivers = [d for _, d in add_pairs(e)]
@@ -57,7 +62,7 @@ class TestTreeAdvisories:
 
     def test_root_consumer_reaches_every_broker_once(self):
         """A root consumer's advisory is received exactly once by every other broker."""
-        e, names = tree_estate([3, 2, 2])
+        e, names = tree_estate([3, 2, 2], advertise_down=PLAIN)
         e.subscribe("HQ", "s", "queue://HQ.Incoming")
         e.run_until_quiet()
         receivers = [d for _, d in add_pairs(e)]
@@ -179,7 +184,7 @@ class TestTreeMessages:
 
     def test_local_then_nearer_demand_wins(self):
         """At R1: a local consumer wins; without it, HQ (1 hop) beats R1.1.1 (2 hops)."""
-        e, _ = tree_estate([1, 1, 1])
+        e, _ = tree_estate([1, 1, 1], advertise_down=PLAIN)
         for site in ("HQ", "R1.1.1"):
             e.subscribe(site, "s", "queue://Work")
         e.run_until_quiet()
@@ -196,7 +201,7 @@ class TestTreeMessages:
 
 class TestTreeLinks:
     def setup_estate(self):
-        e, names = tree_estate([2, 2])
+        e, names = tree_estate([2, 2], advertise_down=PLAIN)
         e.subscribe("R1.1", "s", "queue://R1.1.Incoming")
         e.subscribe("HQ", "h", "queue://HQ.Incoming")
         e.run_until_quiet()
@@ -341,7 +346,7 @@ class TestTreeBadInput:
 
     def test_downward_frames_sent_upward_are_tree_rule(self):
         """Echoing HQ's or R1's own interest back up is refused 'tree_rule'."""
-        e, _ = tree_estate([2, 2])
+        e, _ = tree_estate([2, 2], advertise_down=PLAIN)
         e.subscribe("HQ", "h", "queue://HQ.Incoming")
         e.run_until_quiet()
         (down,) = [f for s, d, f in e.advisories if d == "R1.1"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from treefed.core.actions import Log, Out
+from treefed.core.actions import Drop, Log, Out
 from treefed.security.authz import DENIED, Authorizer, Rule
 from treefed.security.guard import STAT_REF, Guard
 from treefed.security.tree_scope import TreeScope
@@ -93,7 +93,8 @@ class TestLinkFrames:
         ok, out = screen(guard, adv)
         assert not ok
         assert errors(out)[0].ref == "s1/c1/x"
-        [dropped] = [a for a in out if type(a) is Log and a.event == "advisory.dropped"]
+        [dropped] = [a.log() for a in out if type(a) is Drop]
+        assert dropped.event == "advisory.dropped"
         assert dropped.fields["reason"] == "forbidden" and dropped.fields["peer"] == "s1"
 
     def test_refused_advisories_are_counted_with_the_site(self):

@@ -20,7 +20,7 @@ from typing import Any
 from treefed.wire.frames import Error, Frame
 
 __all__ = ["Action", "Out", "Close", "StoreMessage", "DeleteMessage", "Log", "SharedFields",
-           "Pause", "Resume"]
+           "Pause", "Resume", "Drop"]
 
 
 class Action:
@@ -93,3 +93,29 @@ class Resume(Action):
     """Producer flow control: read from ``conn`` again."""
 
     conn: str
+
+
+@dataclass(slots=True)
+class Drop(Action):
+    """An advisory refused by the federation layer (``federation/``): the shell renders
+    it as one ``advisory.dropped`` line (``log()``), and may aggregate repeated ones.
+
+    ``reason`` is a name from events.DROP_REASONS; ``link`` / ``peer`` the link it came
+    over (or was to be sent on); the rest describe the advisory."""
+
+    reason: str
+    link: str
+    peer: str
+    consumer: str
+    dst: str
+    origin: str
+    kind: str = "add"
+
+    def fields(self) -> dict[str, Any]:
+        return {"link": self.link, "peer": self.peer, "consumer": self.consumer,
+                "dst": self.dst, "origin": self.origin, "kind": self.kind,
+                "reason": self.reason}
+
+    def log(self) -> Log:
+        """The ``advisory.dropped`` line this stands for."""
+        return Log("advisory.dropped", self.fields())

@@ -442,6 +442,20 @@ class Broker:
         elif owner is not None:
             raise RemoteError(f"{pattern} belongs to a connection of this broker",
                               code="forbidden")
+    def selector_widened(self, conn: str, sub_id: str, now: float) -> list[Action]:
+        """The consumer's selector object now matches more than before (it was changed
+        in place, e.g. a federation conduit gained a member): offer it the queue messages
+        waiting at its destinations.  Cost: those destinations' pending messages only."""
+        cs = self._conns.get(conn)
+        c = cs.consumers.get(sub_id) if cs is not None else None
+        out: list[Action] = []
+        if c is None or c.topic:
+            return out
+        for d in list(c.dests):
+            if d.pending:
+                self._drain(d, now, out)
+        self._finish(now, out)
+        return out
 
     def remove_consumer(self, conn: str, sub_id: str, now: float) -> list[Action]:
         """Close a consumer: its in-flight messages are requeued (redelivered + 1)."""

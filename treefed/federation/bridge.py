@@ -21,14 +21,17 @@ its static includes and exchanges no advisories at all.
 
 The Bridge never decides policy: ``self.policy`` (mesh or tree) answers whether an
 advisory is accepted or sent and what its demand looks like, and the Site decides where
-interest fans out.  Every refusal becomes one ``advisory.dropped`` Log (when logging is
-on) and one count in ``Site.dropped``.  A malformed advisory is refused alone: the link
+interest fans out (``routing.py``).  ``receive`` is the one decision point for an
+arriving advisory; a policy's ``accept`` only answers, and its subtree ``claims`` are
+applied after every check (the per-link limit included) passed.  Every refusal becomes
+one ``Drop`` action (when logging is on; the shell renders it as ``advisory.dropped``)
+and one count in ``Site.dropped``.  A malformed advisory is refused alone: the link
 stays up.  Nothing here does I/O; results are appended to the caller's ``out`` list.
 
 Memory: a mesh estate holds millions of interest instances, so each is kept lean --
 slotted objects, broker ids / destinations / consumer ids interned (``sys.intern``: a
-real node decodes a fresh string per frame), paths shared through one bounded table
-(``shared_path``), demand sub ids shared between links (``_sub_id``), ``sent_to`` a
+real node decodes a fresh string per frame), paths, keys and demand sub ids shared
+through the Site's ``Sharing`` (``sharing.py``: owned by the engine), ``sent_to`` a
 shared empty tuple until the first link takes the interest, and a demand standing for
 one interest holds it in a 1-tuple (only conduits keep member dicts and counts).
 """
@@ -38,10 +41,11 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from treefed.core.actions import Log, Out, SharedFields
+from treefed.core.actions import Drop, Log, Out
 from treefed.core.destinations import parse_destination
 from treefed.core.selector import compile_selector
 from treefed.errors import DestinationError, SelectorError, TreefedError
+from treefed.federation.merged import MergedSelector
 from treefed.federation.settings import LinkSettings
 from treefed.federation.temps import refused_error
 from treefed.wire.frames import Advisory
@@ -49,41 +53,14 @@ from treefed.wire.frames import Advisory
 if TYPE_CHECKING:  # pragma: no cover
     from treefed.federation.site import Site
 
-__all__ = ["Bridge", "Interest", "Demand", "MAX_PATH", "malformed", "shared_path"]
+__all__ = ["Bridge", "Interest", "Demand", "MAX_PATH", "malformed"]
 
 #: Longer advisory paths are refused as malformed: no sane estate is that deep.
 MAX_PATH = 64
 _MAX_ID = 1024
 
 _intern = sys.intern
-#: path tuple -> the one shared instance (every sibling store holds the same few paths),
-#: and likewise interest keys (consumer, path): the same at every site it reaches.
-_PATHS: dict[tuple, tuple] = {}
-_KEYS: dict[tuple, tuple] = {}
-_SHARED_LIMIT = 1 << 20    # cleared when full: sharing is an optimisation, not a meaning
-#: demand sub ids "d:<n>", shared by every link that issues the same n.
-_SUB_IDS: list[str] = []
-_NOBODY: tuple = ()        # Interest.sent_to until a link takes it
-
-
-def shared_path(path: tuple[str, ...]) -> tuple[str, ...]:
-    """The shared instance of ``path`` (equal tuples, one object)."""
-    found = _PATHS.get(path)
-    if found is None:
-        if len(_PATHS) >= _SHARED_LIMIT:
-            _PATHS.clear()
-        found = _PATHS[path] = tuple(map(_intern, path))
-    return found
-
-
-def _shared_key(consumer: str, path: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
-    key = (consumer, path)
-    found = _KEYS.get(key)
-    if found is None:
-        if len(_KEYS) >= _SHARED_LIMIT:
-            _KEYS.clear()
-        found = _KEYS[key] = (_intern(consumer), shared_path(path))
-    return found
+_NOBODY: tuple = ()        # Interest.sent_to until a link takes it (shared, never mutated)
 
 
 #: One client connection (consumer ids "<origin>/<conn>/<sub>" share "<origin>/<conn>")
@@ -98,54 +75,6 @@ CLIENT_SHARE_FLOOR = 1000
 def client_share(cap: int) -> int:
     """Most entries of one client connection on a link whose cap is ``cap``."""
     return max(cap // CLIENT_SHARE_DIVISOR, min(cap, CLIENT_SHARE_FLOOR))
-
-
-def _sub_id(n: int) -> str:
-    ids = _SUB_IDS
-    if n >= len(ids):
-        ids.extend(f"d:{i}" for i in range(len(ids), n + 1 + (n >> 1)))
-    return ids[n]
-
-
-#: Advisory frames found well-formed, by identity (the value keeps the frame alive, so
-#: its id cannot be reused while listed): the replay engine hands one add frame to
-#: every link it is offered on, and each receiver would re-check the same object.
-_CHECKED: dict[int, Advisory] = {}
-_CHECKED_LIMIT = 1 << 15
-
-
-def _malformed(adv: Advisory) -> bool:
-    """``malformed`` once per frame object."""
-    if _CHECKED.get(id(adv)) is adv:
-        return False
-    if malformed(adv):
-        return True
-    if len(_CHECKED) >= _CHECKED_LIMIT:
-        _CHECKED.clear()
-    _CHECKED[id(adv)] = adv
-    return False
-
-
-#: Log fields shared by every site that logs the same fact about one frame: the
-#: receivers of a fan-out log the same ``advisory.received`` and ``demand.created``
-#: lines (their own broker id aside), so they share one SharedFields and the event
-#: writer renders it once.  id(anchor) -> (anchor, *what else the fields depend on,
-#: fields); the anchor in the value keeps its id from being reused while listed.
-_RECEIVED_LOGS: dict[int, tuple] = {}
-_DEMAND_LOGS: dict[int, tuple] = {}
-_SHARED_LOGS_LIMIT = 1 << 15
-
-
-def _received_fields(adv: Advisory, link: str, peer: str) -> SharedFields:
-    hit = _RECEIVED_LOGS.get(id(adv))
-    if hit is not None and hit[0] is adv and hit[1] == link and hit[2] == peer:
-        return hit[3]
-    fields = SharedFields(link=link, peer=peer, consumer=adv.consumer, dst=adv.dst,
-                          origin=adv.origin, kind=adv.kind, hops=len(adv.path) + 1)
-    if len(_RECEIVED_LOGS) >= _SHARED_LOGS_LIMIT:
-        _RECEIVED_LOGS.clear()
-    _RECEIVED_LOGS[id(adv)] = (adv, link, peer, fields)
-    return fields
 
 
 def malformed(adv: Advisory) -> bool:
@@ -225,7 +154,7 @@ class Demand:
     """A network consumer on the core Broker standing for one or more interests."""
 
     __slots__ = ("sub", "dst", "conduit", "static", "members", "selectors", "priorities",
-                 "selector", "priority")
+                 "selector", "priority", "merged")
 
     def __init__(self, sub: str, dst: str, *, conduit: bool, static: bool = False) -> None:
         self.sub = sub
@@ -239,16 +168,26 @@ class Demand:
         # so the merged selector / best priority change only when a count hits 0 or 1
         self.selectors: dict[str | None, int] | None = {} if conduit else None
         self.priorities: dict[int, int] | None = {} if conduit else None
-        self.selector: str | None = None
+        self.selector: Any = None         # text, a MergedSelector, or None (installed)
         self.priority = 0
+        # conduits of a policy that merges selectors (tree): the members' selectors,
+        # each compiled once; changed in place, O(one member) per change
+        self.merged: MergedSelector | None = None
 
-    def add(self, it: Interest) -> None:
+    def add(self, it: Interest) -> bool:
+        """Count ``it`` in; True when the merged selector grew (matches more).  Raises
+        SelectorError (nothing changed) for a selector that does not compile."""
         if not self.conduit:
             self.members = (it,)
-            return
+            return False
+        text = it.selector
+        grew = False
+        if self.merged is not None and text is not None and text not in self.selectors:
+            grew = self.merged.add(text)
         self.members[it] = None
-        self.selectors[it.selector] = self.selectors.get(it.selector, 0) + 1
+        self.selectors[text] = self.selectors.get(text, 0) + 1
         self.priorities[it.demand_priority] = self.priorities.get(it.demand_priority, 0) + 1
+        return grew
 
     def discard(self, it: Interest) -> None:
         if not self.conduit:
@@ -263,6 +202,14 @@ class Demand:
                 table[value] = left
             else:
                 del table[value]
+                if table is self.selectors and value is not None and self.merged is not None:
+                    self.merged.discard(value)
+
+    def installed_selector(self, policy: Any) -> Any:
+        """The selector the core consumer should have for the current members."""
+        if self.merged is not None:
+            return None if None in self.selectors else self.merged
+        return policy.conduit_selector(self.selectors)
 
 
 class Bridge:
@@ -270,7 +217,7 @@ class Bridge:
 
     __slots__ = ("site", "conn", "peer", "settings", "policy", "lane", "name", "duplex",
                  "forwards", "accepts", "advertises", "up", "remote", "conduits", "owned",
-                 "peer_role", "_subs", "clients")
+                 "peer_role", "_subs", "clients", "down")
 
     def __init__(self, site: "Site", conn: str, peer: str, settings: LinkSettings,
                  policy: Any, *, lane: str, forwards: bool, accepts: bool,
@@ -293,6 +240,13 @@ class Bridge:
         self.peer_role = peer_role
         self._subs = 0                    # demand sub ids issued on this conn
         self.clients: dict[str, int] = {}  # "<origin>/<conn>" -> its entries in remote
+        # a child link: destination prefixes whose interest from above goes down it
+        # (settings.advertise_down).  Temporary destinations always do: a reply travels
+        # on the requester's temp queue, and the fallback route up covers queue:// and
+        # topic:// only (temp names are owned by one connection, never wildcarded)
+        self.down: tuple[str, ...] = tuple(
+            f"{kind}://" for kind in settings.advertise_down) + (
+            "temp-queue://", "temp-topic://")
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self, out: list, now: float) -> None:
@@ -314,19 +268,25 @@ class Bridge:
 
     # -- receiving -----------------------------------------------------------------
     def receive(self, adv: Advisory, out: list, now: float) -> None:
+        """The one decision point for an advisory arriving over this link: refused
+        (one ``Drop`` with its reason), a removal retraced, or accepted -- and only then
+        are the policy's subtree claims applied and the interest admitted."""
         site = self.site
+        shared = site.sharing
         site.counters["advisories_received"] += 1
         if site.log:   # a fan-out's receivers share these fields
-            out.append(Log("advisory.received", _received_fields(adv, self.name, self.peer)))
-        # _malformed inlined up to its per-frame cache (a fan-out's frame is checked once)
-        if not self.accepts or (_CHECKED.get(id(adv)) is not adv and _malformed(adv)):
+            out.append(Log("advisory.received",
+                           shared.received_fields(adv, self.name, self.peer)))
+        # Sharing.malformed's hit inlined (a fan-out's frame is checked once)
+        if not self.accepts or (shared.checked.get(id(adv)) is not adv
+                                and shared.malformed(adv, malformed)):
             # a one-way link's accepting side takes no interest: the peer broke the rules
             self.drop(adv, "malformed", out)
             return
         probe = (adv.consumer, (*adv.path, self.peer))
-        key = _KEYS.get(probe)   # _shared_key's hit, inlined
+        key = shared.keys.get(probe)   # Sharing.key's hit, inlined
         if key is None:
-            key = _shared_key(*probe)
+            key = shared.key(*probe)
         if adv.kind == "remove":
             it = self.remote.pop(key, None)
             if it is not None:  # unknown: its add was refused (and logged) already
@@ -335,7 +295,8 @@ class Bridge:
             return
         if key in self.remote:
             return  # a repeated add (replay racing a live update): idempotent
-        reason = self.policy.accept(self, adv)
+        policy = self.policy
+        reason = policy.accept(self, adv)
         client = adv.consumer.rpartition("/")[0]
         if reason is None:
             cap = self.settings.max_demand_per_link
@@ -346,12 +307,14 @@ class Bridge:
             if reason == "forbidden":   # a temp destination claimed (issue #12, defect 3)
                 out.append(Out(self.conn, refused_error(adv)))
             return
+        if self.lane == "child":   # every check passed: now the child's subtree may grow
+            site.claim_subtree(self, policy.claims(self, adv))
         site._seq += 1   # Site.next_seq, inlined: once per accepted advisory
         it = Interest(key[0], _intern(adv.dst), _intern(adv.origin), adv.selector,
                       adv.priority, key[1], self, site._seq, key)
         hops = len(it.path)
-        it.demand_priority = self.policy.demand_priority(hops)
-        it.conduit = self.policy.conduit(it.dst, hops)
+        it.demand_priority = policy.demand_priority(hops)
+        it.conduit = policy.conduit(it.dst, hops)
         self.remote[key] = it
         self.clients[client] = self.clients.get(client, 0) + 1
         site.admit(it, out, now)
@@ -366,10 +329,13 @@ class Bridge:
             self.clients.pop(client, None)
 
     def drop(self, adv: Advisory | Interest, reason: str, out: list) -> None:
+        """Refuse ``adv`` for ``reason``: counted here, one ``Drop`` action for the shell
+        to render (``advisory.dropped``) when advisories are logged."""
         site = self.site
         site.dropped[reason] += 1
         if site.log:
-            out.append(self._log("advisory.dropped", adv, reason=reason))
+            out.append(Drop(reason, self.name, self.peer, adv.consumer, adv.dst, adv.origin,
+                            adv.kind if type(adv) is Advisory else "add"))
 
     # -- sending -------------------------------------------------------------------
     def offer(self, it: Interest, out: list) -> None:
@@ -393,6 +359,16 @@ class Bridge:
                 "dst": it.dst, "origin": it.origin, "kind": "add",
                 "hops": len(it.path) + 1}))
 
+    def retract_frame(self, add: Advisory, out: list) -> None:
+        """Retract an interest we no longer hold, from its add frame (delta resync)."""
+        out.append(Out(self.conn, Advisory("remove", add.consumer, add.dst, add.origin,
+                                           add.selector, add.priority, list(add.path))))
+        site = self.site
+        site.counters["removals_sent"] += 1
+        if site.log:
+            out.append(self._log("advisory.sent", add, hops=len(add.path) + 1,
+                                 kind="remove"))
+
     def retract(self, it: Interest, out: list) -> None:
         out.append(Out(self.conn, it.frame("remove")))
         site = self.site
@@ -405,17 +381,25 @@ class Bridge:
         """Make ``it`` part of a demand consumer; False when the core refuses it."""
         d = self.conduits.get(it.dst) if it.conduit else None
         if d is not None:
-            d.add(it)
+            try:
+                grew = d.add(it)
+            except SelectorError:
+                return False
             it.demand = d
-            if not d.static and not self._refresh(d, out, now):
+            if not d.static and not self._refresh(d, out, now, grew=grew):
                 d.discard(it)
                 it.demand = None
                 return False
             return True
         self._subs += 1
-        d = Demand(_sub_id(self._subs), it.dst, conduit=it.conduit)
-        d.add(it)
-        d.selector = self.policy.conduit_selector(d.selectors) if it.conduit else it.selector
+        d = Demand(self.site.sharing.sub_id(self._subs), it.dst, conduit=it.conduit)
+        if it.conduit and self.policy.merges_selectors:
+            d.merged = MergedSelector()
+        try:
+            d.add(it)
+        except SelectorError:
+            return False
+        d.selector = d.installed_selector(self.policy) if it.conduit else it.selector
         d.priority = it.demand_priority
         try:
             out += self._install(d, now)
@@ -459,11 +443,15 @@ class Bridge:
             priority=d.priority, peer=self.peer, message_ttl=self.policy.message_ttl,
             replay=self.policy.replay)
 
-    def _refresh(self, d: Demand, out: list, now: float) -> bool:
-        """Conduits: re-create the core consumer when the merged selector or the best
-        member priority changed (members come and go far more often than that)."""
-        shape = self.policy.conduit_selector(d.selectors), max(d.priorities)
-        if shape == (d.selector, d.priority):
+    def _refresh(self, d: Demand, out: list, now: float, *, grew: bool = False) -> bool:
+        """Conduits: re-create the core consumer when its selector or the best member
+        priority changed (members come and go far more often than that).  A merged
+        selector changes in place: when it ``grew``, the core re-offers waiting messages."""
+        shape = d.installed_selector(self.policy), max(d.priorities)
+        if shape[0] is d.selector and shape[1] == d.priority or shape == (d.selector,
+                                                                         d.priority):
+            if grew and d.selector is d.merged:
+                out += self.site.broker.selector_widened(self.conn, d.sub, now)
             return True
         old = d.selector, d.priority
         d.selector, d.priority = shape
@@ -487,18 +475,7 @@ class Bridge:
 
     def _log_demand(self, event: str, it: Interest, d: Demand) -> Log:
         # shared between the sites that learn the same instance (the interest key is one
-        # object everywhere, see _shared_key) over links of the same name and peer
-        key = it.key
-        hit = _DEMAND_LOGS.get(id(key))
-        if hit is not None and hit[0] is key and hit[1] == event and hit[2] == self.name \
-                and hit[3] == self.peer and hit[4] == d.dst and hit[5] == d.priority \
-                and hit[6] is d.conduit:
-            return Log(event, hit[7])
-        fields = SharedFields(link=self.name, peer=self.peer, consumer=it.consumer,
-                              dst=d.dst, origin=it.origin, priority=d.priority,
-                              conduit=d.conduit)
-        if len(_DEMAND_LOGS) >= _SHARED_LOGS_LIMIT:
-            _DEMAND_LOGS.clear()
-        _DEMAND_LOGS[id(key)] = (key, event, self.name, self.peer, d.dst, d.priority,
-                                 d.conduit, fields)
-        return Log(event, fields)
+        # object everywhere, see Sharing.key) over links of the same name and peer
+        return Log(event, self.site.sharing.demand_fields(
+            it.key, event, self.name, self.peer, it.consumer, d.dst, it.origin,
+            d.priority, d.conduit))

@@ -5,7 +5,8 @@ Theory of operation
 A policy answers four questions for one link; ``bridge.py`` does the bookkeeping and
 ``site.py`` the fan-out.  Read this file next to ``tree.py``: the difference is the point.
 
-* *Where does interest go?*  ``ROUTES``: from anywhere to every other mesh link.
+* *Where does interest go?*  ``routing.ROUTES["mesh"]``: from anywhere to every other
+  mesh link.
   Flooding is bounded only by ``consumer_ttl`` and the loop check.
 * *May this advisory be accepted?*  ``accept``: ttl (``len(path) >= consumer_ttl``),
   loop (we are the origin or on the path), then the permission order
@@ -27,6 +28,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from treefed.core.destinations import is_temp, matches
+from treefed.federation.policy import SKIP
+from treefed.federation.routing import ROUTES as _ROUTES
 from treefed.federation.settings import LinkSettings
 from treefed.federation.temps import temp_refusal
 
@@ -36,8 +39,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["MeshPolicy", "SKIP"]
 
-#: ``offer`` result meaning "not for this link, nothing to log".
-SKIP = ""
 
 _CACHE_LIMIT = 4096
 
@@ -47,9 +48,10 @@ class MeshPolicy:
                  "_suppress_topics", "_suppress_queues")
 
     kind = "mesh"
+    merges_selectors = False   # ActiveMQ conduits drop selectors (conduit_selector)
     replay = False   # ActiveMQ default: a message never goes back to a broker on its path
-    #: where the interest came from -> lanes of links it is offered to.
-    ROUTES = {"local": ("mesh",), "mesh": ("mesh",), "parent": ("mesh",), "child": ("mesh",)}
+    #: where the interest came from -> lanes of links it is offered to (routing.py).
+    ROUTES = _ROUTES["mesh"]
 
     def __init__(self, settings: LinkSettings) -> None:
         self.settings = settings
@@ -76,6 +78,9 @@ class MeshPolicy:
             if refusal is not None:
                 return refusal
         return None if self._open else self.permit(adv.dst)
+
+    def claims(self, bridge: "Bridge", adv: "Advisory") -> tuple[str, ...]:
+        return ()   # a mesh has no subtrees
 
     def permit(self, dst: str) -> str | None:
         """Permission order of DESIGN §4.1; cached per destination."""

@@ -27,10 +27,12 @@ from typing import Any, Mapping
 from treefed.core.destinations import parse_destination
 from treefed.errors import ConfigError, DestinationError
 
-__all__ = ["LinkSettings", "TreeSettings", "KINDS", "NODE_TYPES"]
+__all__ = ["LinkSettings", "TreeSettings", "KINDS", "NODE_TYPES", "DOWN_KINDS"]
 
 KINDS = ("mesh", "tree")
 NODE_TYPES = ("leaf", "branch", "root")
+#: destination kinds ``advertise_down`` may name (temp-queue / temp-topic follow them)
+DOWN_KINDS = ("queue", "topic")
 
 
 def _destinations(key: str, value: Any, *, wildcards: bool) -> tuple[str, ...]:
@@ -68,6 +70,16 @@ class LinkSettings:
     max_demand_per_link: int = 100_000              # remote interest entries held per link
     node_type: str | None = None                    # tree: "leaf" | "branch" (dialing side)
     route_unknown_up: bool = True                   # tree: unknown-interest messages climb
+    # tree, the child's side: kinds ("queue", "topic") whose interest from above the
+    # parent sends down this link.  None: ("topic",) with route_unknown_up -- a queue
+    # message climbs to its consumer anyway, so queue interest below would be spill --
+    # and ("queue", "topic") without it.  Temporary destinations always go down
+    # (request/reply: the reply must find the requester's temp queue).
+    advertise_down: tuple[str, ...] | None = None
+    # tree, the child's side: seconds both ends hold the link's interest after it drops,
+    # so a reconnect within them exchanges only the difference (federation/resync.py);
+    # 0 = forget at once and resend everything (the AMQ-2875 behaviour)
+    resync_grace: float = 0.0
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -94,6 +106,15 @@ class LinkSettings:
         put(self, "excluded", _destinations("excluded", self.excluded, wildcards=True))
         put(self, "statically_included",
             _destinations("statically_included", self.statically_included, wildcards=False))
+        if type(self.resync_grace) not in (int, float) or self.resync_grace < 0:
+            raise ConfigError("resync_grace", "must be a number of seconds >= 0")
+        down = self.advertise_down
+        if down is None:
+            down = ("topic",) if self.route_unknown_up else ("queue", "topic")
+        if isinstance(down, str) or not isinstance(down, (list, tuple)) \
+                or any(k not in DOWN_KINDS for k in down):
+            raise ConfigError("advertise_down", f"must be a list of {DOWN_KINDS}")
+        put(self, "advertise_down", tuple(down))
         if self.node_type is not None and self.node_type not in ("leaf", "branch"):
             raise ConfigError("node_type", "a tree connector declares 'leaf' or 'branch'")
 
@@ -111,7 +132,8 @@ class LinkSettings:
         peer may know more options).  Raises ConfigError on bad values."""
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in options.items() if k in known}
-        for key in ("dynamically_included", "excluded", "statically_included"):
+        for key in ("dynamically_included", "excluded", "statically_included",
+                    "advertise_down"):
             if isinstance(kwargs.get(key), list):
                 kwargs[key] = tuple(kwargs[key])
         kwargs.update(overrides)

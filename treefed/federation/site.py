@@ -8,9 +8,13 @@ every instance accepted over a link, in ``_active`` (activation order, which is 
 replay order when a link comes up).  For each active interest it
 
 1. holds demand on the link it came over (``Bridge.join_demand``), and
-2. offers it to the links chosen by ``ROUTES`` of the two policies — mesh: every other
-   mesh link; tree: up for local and child interest, down for local and parent
-   interest — each link's policy may still refuse (logged) or skip (silent).
+2. offers it to the links of the lanes ``routing.py`` lists for where it came from —
+   mesh: every other mesh link; tree: up for local and child interest, down for local
+   and parent interest — each link's policy may still refuse (a ``Drop``) or skip
+   (silent).
+
+Links come up through ``handshake.plan_link`` (a pure function of our settings and the
+peer's hello); ``link_up`` only builds what the plan says.
 
 A removal retraces exactly the links the add went to (``Interest.sent_to``); losing a
 link forgets everything learned over it and cascades the removals.
@@ -25,22 +29,27 @@ receiver will see, ``len(path) + 1``), ``advisory.received``, ``advisory.dropped
 ``demand.created`` / ``demand.removed``, ``link.up`` / ``link.down`` (``role`` = the
 peer's position: root | branch | leaf | mesh) and ``link.refused``.  With
 ``log_advisories=False`` none of the per-advisory events is built; ``counters`` still
-counts them.  Nothing here does I/O or reads a clock: ``now`` is an argument and every
-method returns (or extends) a list of actions.
+counts them.  ``sharing`` (``sharing.py``) holds memory-saving tables the engine may
+share between its Sites.  Nothing here does I/O or reads a clock: ``now`` is an
+argument and every method returns (or extends) a list of actions.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from types import MappingProxyType
 from typing import Any, Sequence
 
 from treefed.core.actions import Close, Log, Out
-from treefed.errors import LocalError, TreefedError
+from treefed.errors import LocalError
 from treefed.events import DROP_REASONS
 from treefed.federation.bridge import Bridge, Interest
+from treefed.federation.handshake import Refusal, check_tree_hello, plan_link
 from treefed.federation.mesh import MeshPolicy
+from treefed.federation.resync import DELTA, FULL, OPTION as RESYNC, Held, digest
 from treefed.core.destinations import parse_destination
+from treefed.federation.routing import DOWN, ROUTES_ALL as _ROUTES
 from treefed.federation.settings import LinkSettings, TreeSettings
+from treefed.federation.sharing import Sharing
 from treefed.federation.tree import TreePolicy
 from treefed.wire.frames import PROTOCOL_VERSION, Advisory, Error, Hello, Subscribe, \
     Unsubscribe
@@ -48,59 +57,21 @@ from treefed.wire.frames import PROTOCOL_VERSION, Advisory, Error, Hello, Subscr
 __all__ = ["Site", "POLICIES", "check_tree_hello"]
 
 #: connector kind -> policy class (chosen by name from config).
-POLICIES = {"mesh": MeshPolicy, "tree": TreePolicy}
-
-#: where interest came from -> lanes it is offered to, both policies merged.
-_ROUTES = {src: MeshPolicy.ROUTES[src] + TreePolicy.ROUTES[src]
-           for src in ("local", "mesh", "parent", "child")}
-
-
-def check_tree_hello(site_settings: TreeSettings | None, hello: Hello, *, me: str,
-                     dialed: bool, ancestry: Sequence[str] = (),
-                     accept_children: bool = True) -> str | None:
-    """Why a tree link with the sender of ``hello`` must be refused, or None.
-
-    ``dialed``: we opened the link, so the peer is our parent; otherwise it offers
-    itself as our child.  ``ancestry``: our own [parent, grandparent, ...].  A site with
-    no TreeSettings is the root."""
-    if hello.role != "broker" or not hello.broker_id:
-        return "peer is not a broker"
-    if hello.connector != "tree":
-        return f"{hello.broker_id} is a {hello.connector or 'plain'} peer on a tree link"
-    ours = site_settings.node_type if site_settings is not None else "root"
-    if hello.broker_id == me:
-        return "cycle: a broker cannot link to itself"
-    if dialed:
-        if ours == "root":
-            return "a root has no parent"
-        if hello.node_type not in ("branch", "root"):
-            return f"parent {hello.broker_id} is a {hello.node_type}, not a branch or root"
-        if me in hello.ancestry:
-            return f"cycle: {me} is an ancestor of {hello.broker_id}"
-        return None
-    if not accept_children:
-        return "this site does not accept tree children"
-    if ours == "leaf":
-        return "a leaf accepts no children"
-    if hello.node_type == "root":
-        return f"second root: {hello.broker_id} declares itself root"
-    if hello.node_type not in ("leaf", "branch"):
-        return f"child node_type must be leaf or branch, not {hello.node_type!r}"
-    if hello.broker_id in ancestry:
-        return f"cycle: {hello.broker_id} is an ancestor of {me}"
-    return None
-
+POLICIES = MappingProxyType({"mesh": MeshPolicy, "tree": TreePolicy})
 
 class Site:
     """A broker and its federation links (see the module docstring)."""
 
     __slots__ = ("broker_id", "broker", "tree", "accept_tree_children", "log", "counters",
                  "dropped", "route_unknown_up", "ancestry_set", "_ancestry", "_bridges",
-                 "_lanes", "_active", "_rivals", "_locals", "_owner", "_seq", "temp_owners")
+                 "_lanes", "_active", "_rivals", "_locals", "_owner", "_seq", "temp_owners",
+                 "sharing", "_held_up", "_suspended")
 
     def __init__(self, broker_id: str, *, broker: Any, tree: TreeSettings | None = None,
-                 accept_tree_children: bool = True, log_advisories: bool = True) -> None:
+                 accept_tree_children: bool = True, log_advisories: bool = True,
+                 sharing: Sharing | None = None) -> None:
         self.broker_id = broker_id
+        self.sharing = sharing if sharing is not None else Sharing()
         self.broker = broker
         self.tree = tree
         self.accept_tree_children = accept_tree_children
@@ -123,6 +94,11 @@ class Site:
         # (federation/temps.py: one temp name, one owning connection; issue #12)
         self.temp_owners: dict[str, list] = {}
         self._seq = 0
+        # resync (resync.py): what we advertised up when the parent link dropped, and
+        # per (child id, link name) the interest learned from a dropped child link,
+        # suspended: (deadline, [Interest], digest)
+        self._held_up: Held | None = None
+        self._suspended: dict[tuple[str, str], tuple[float, list[Interest], str]] = {}
 
     # -- identity ------------------------------------------------------------------
     @property
@@ -141,17 +117,37 @@ class Site:
         with ``reply_to`` when answering a dialer (its connector and link echoed)."""
         if settings is None:
             kind = reply_to.connector if reply_to is not None else None
+            verdict = self._resync_verdict(reply_to) if kind == "tree" else None
             return Hello(PROTOCOL_VERSION, "broker", broker_id=self.broker_id,
                          name=self.broker_id, connector=kind,
                          node_type=self.node_type if kind == "tree" else "mesh",
                          ancestry=self.ancestry(),
                          link_name=reply_to.link_name if reply_to is not None else None,
-                         duplex=reply_to.duplex if reply_to is not None else False)
+                         duplex=reply_to.duplex if reply_to is not None else False,
+                         options={RESYNC: verdict} if verdict else {})
+        options = settings.to_options()
+        held = self._held_up
+        if settings.kind == "tree" and held is not None and held.link == settings.name:
+            options[RESYNC] = held.digest()   # "count:hash", see resync.digest
         return Hello(PROTOCOL_VERSION, "broker", broker_id=self.broker_id,
                      name=self.broker_id, connector=settings.kind,
                      node_type=self.node_type if settings.kind == "tree" else "mesh",
                      ancestry=self.ancestry(), link_name=settings.name,
-                     duplex=settings.duplex, options=settings.to_options())
+                     duplex=settings.duplex, options=options)
+
+    def _resync_verdict(self, hello: Hello | None) -> str | None:
+        """The parent's answer to a child's resync offer: DELTA when we still hold
+        exactly what it says it advertised to us, FULL when it offered and we do not,
+        None when it made no offer."""
+        if hello is None or not isinstance(hello.options, dict):
+            return None
+        offer = hello.options.get(RESYNC)
+        if not isinstance(offer, str) or offer in (DELTA, FULL):
+            return None
+        held = self._suspended.get((hello.broker_id, hello.link_name or "tree"))
+        if held is not None and offer == held[2]:
+            return DELTA
+        return FULL
 
     def check_tree_hello(self, hello: Hello, *, dialed: bool) -> str | None:
         return check_tree_hello(self.tree, hello, me=self.broker_id, dialed=dialed,
@@ -221,50 +217,20 @@ class Site:
         if conn in self._bridges:
             raise LocalError(f"link {conn} is already up")
         peer = remote_hello.broker_id or "?"
-        settings = local
-        if not dialed:
-            if local.kind == "tree" and remote_hello.connector != "tree":
-                return self._refuse(conn, local, peer, "mesh peer on a tree link",
-                                    remote_hello)
-            try:
-                link = dict(kind=remote_hello.connector or local.kind,
-                            name=remote_hello.link_name or local.name,
-                            duplex=remote_hello.duplex, node_type=None)
-                settings = LinkSettings.from_options(remote_hello.options, **link) \
-                    if remote_hello.options else replace(local, **link)
-                # a protective limit is ours to set: the dialer may only lower it
-                cap = min(settings.max_demand_per_link, local.max_demand_per_link)
-                if cap != settings.max_demand_per_link:
-                    settings = replace(settings, max_demand_per_link=cap)
-            except TreefedError as exc:
-                return self._refuse(conn, local, peer, f"bad connector options: {exc}",
-                                    remote_hello)
-        if remote_hello.role != "broker" or not remote_hello.broker_id:
-            return self._refuse(conn, settings, peer, "peer is not a broker", remote_hello)
-        if settings.kind == "tree":
-            tree = self.tree
-            if dialed and tree is None:  # a site without TreeSettings takes the connector's
-                tree = TreeSettings(settings.node_type or "leaf", settings.route_unknown_up)
-            why = check_tree_hello(tree, remote_hello, me=self.broker_id, dialed=dialed,
-                                   ancestry=self._ancestry,
-                                   accept_children=self.accept_tree_children)
-            if why is None and dialed and self._lanes["parent"]:
-                why = "already linked to a parent"
-            if why is not None:
-                return self._refuse(conn, settings, peer, why, remote_hello)
-            if tree is not self.tree:
-                self.tree, self.route_unknown_up = tree, tree.route_unknown_up
-            lane = "parent" if dialed else "child"
-            forwards = accepts = advertises = True
-            peer_role = remote_hello.node_type or "leaf"
-        else:
-            lane, peer_role = "mesh", "mesh"
-            forwards = settings.duplex or dialed
-            accepts = forwards and not settings.static_bridge
-            advertises = (settings.duplex or not dialed) and not settings.static_bridge
+        # linked already: as a child of ours, or below one (its owner is a live link)
+        children = (peer,) if self.subtree_owner(peer) is not None else ()
+        plan = plan_link(local, remote_hello, me=self.broker_id, dialed=dialed,
+                         tree=self.tree, ancestry=self._ancestry,
+                         accept_children=self.accept_tree_children,
+                         has_parent=bool(self._lanes["parent"]), children=children)
+        if type(plan) is Refusal:
+            return self._refuse(conn, plan.settings, peer, plan.why, remote_hello)
+        settings, lane, advertises = plan.settings, plan.lane, plan.advertises
+        if plan.tree is not self.tree:
+            self.tree, self.route_unknown_up = plan.tree, plan.tree.route_unknown_up
         bridge = Bridge(self, conn, peer, settings, POLICIES[settings.kind](settings),
-                        lane=lane, forwards=forwards, accepts=accepts,
-                        advertises=advertises, peer_role=peer_role)
+                        lane=lane, forwards=plan.forwards, accepts=plan.accepts,
+                        advertises=advertises, peer_role=plan.peer_role)
         out = self.broker.connect(conn, now)
         if bridge.policy.replay:
             self.broker.allow_revisits(conn)
@@ -278,11 +244,22 @@ class Site:
         self._lanes[lane].append(bridge)
         bridge.start(out, now)
         out.append(Log("link.up", {"link": settings.name, "peer": peer,
-                                   "connector": settings.kind, "role": peer_role}))
+                                   "connector": settings.kind, "role": plan.peer_role}))
+        if lane == "child":
+            self._resume_child(bridge, remote_hello, out, now)
+        elif lane == "parent" and self._held_up is not None:
+            held, self._held_up = self._held_up, None
+            offer = remote_hello.options.get(RESYNC) if isinstance(
+                remote_hello.options, dict) else None
+            if offer == DELTA and held.link == settings.name:
+                self._delta_up(bridge, held, out)
+                return out
         if advertises:  # replay every current interest this link may hear of
+            down = bridge.down if lane == DOWN else None
             for it in list(self._active.values()):
                 src = it.source
-                if src is not bridge and lane in _ROUTES[src.lane if src else "local"]:
+                if src is not bridge and lane in _ROUTES[src.lane if src else "local"] \
+                        and (down is None or it.dst.startswith(down)):
                     bridge.offer(it, out)
         return out
 
@@ -304,9 +281,18 @@ class Site:
         self._lanes[bridge.lane].remove(bridge)
         # the core drops every consumer of the conn at once (in-flight messages requeue)
         out = self.broker.disconnect(conn, now)
+        grace = bridge.settings.resync_grace if bridge.settings.kind == "tree" else 0
+        if grace and bridge.lane == "parent":   # what we told it, for a delta resync
+            self._held_up = Held(bridge.name, now + grace, {
+                it.key: it.frame("add") for it in self._active.values()
+                if bridge in it.sent_to})
         learned = list(bridge.remote.values())
         bridge.remote.clear()
         bridge.clients.clear()
+        if grace and bridge.lane == "child":    # remembered for a delta resync (resync.py)
+            self._suspended[(bridge.peer, bridge.name)] = (
+                now + grace, learned, digest((c, p[:-1]) for c, p in
+                                             (it.key for it in learned)))
         for it in learned:  # first, so no fail-over picks an instance of this dead link
             if not it.active:
                 self._unrival(it)
@@ -335,10 +321,67 @@ class Site:
 
     # -- timers & stats ------------------------------------------------------------
     def next_deadline(self) -> float | None:
-        return self.broker.next_deadline()
+        deadline = self.broker.next_deadline()
+        for held, *_ in self._suspended.values():
+            if deadline is None or held < deadline:
+                deadline = held
+        if self._held_up is not None and (deadline is None
+                                          or self._held_up.deadline < deadline):
+            deadline = self._held_up.deadline
+        return deadline
 
     def handle_timer(self, now: float) -> list:
-        return self.broker.handle_timer(now)
+        out = self.broker.handle_timer(now)
+        if self._held_up is not None and self._held_up.deadline <= now:
+            self._held_up = None
+        for key in [k for k, v in self._suspended.items() if v[0] <= now]:
+            self._drop_suspended(key, out, now)
+        return out
+
+    # -- resync (resync.py) ----------------------------------------------------------
+    def _drop_suspended(self, key: tuple[str, str], out: list, now: float) -> None:
+        """The grace is over (or the child resyncs in full): nothing to remember."""
+        self._suspended.pop(key, None)
+
+    def _resume_child(self, bridge: Bridge, hello: Hello, out: list, now: float) -> None:
+        """A child link came up: re-admit the interest it had taught us (the verdict was
+        DELTA: it still holds exactly that) without a frame from it, or forget what we
+        remembered (anything else).  Re-admitting re-creates demand and advertises up
+        again, as a fresh add would: the link's interest was forgotten (and retracted
+        upward) when it dropped, so routing during the outage was the usual one."""
+        key = (bridge.peer, bridge.name)
+        if key not in self._suspended:
+            return
+        if self._resync_verdict(hello) != DELTA:
+            self._drop_suspended(key, out, now)
+            return
+        _, learned, _ = self._suspended.pop(key)
+        for it in learned:
+            if it.active or it.key in bridge.remote:
+                continue
+            it.source = bridge
+            bridge.remote[it.key] = it
+            client = it.consumer.rpartition("/")[0]   # its client's share (bridge.py)
+            bridge.clients[client] = bridge.clients.get(client, 0) + 1
+            self.claim_subtree(bridge, it.path[:-1])
+            self.admit(it, out, now)
+
+    def _delta_up(self, bridge: Bridge, held: Held, out: list) -> None:
+        """The parent still holds what we had advertised: send only the difference."""
+        frames = held.frames
+        for it in list(self._active.values()):
+            src = it.source
+            if src is bridge or bridge.lane not in _ROUTES[src.lane if src else "local"]:
+                continue
+            if frames.pop(it.key, None) is not None:
+                if it.sent_to:          # it is still there: no frame
+                    it.sent_to.append(bridge)
+                else:
+                    it.sent_to = [bridge]
+            else:
+                bridge.offer(it, out)   # appeared during the outage
+        for frame in frames.values():   # left during the outage
+            bridge.retract_frame(frame, out)
 
     def statistics(self) -> dict:
         stats = dict(self.broker.statistics())
@@ -352,6 +395,10 @@ class Site:
         stats["advisories_dropped"] = {k: v for k, v in self.dropped.items() if v}
         if self.tree is not None or self._lanes["child"]:
             stats["tree"] = {"node_type": self.node_type, "ancestry": self.ancestry()}
+        if self._suspended or self._held_up is not None:   # resync.py
+            stats["resync"] = {
+                "children": sorted(f"{peer}/{link}" for peer, link in self._suspended),
+                "held_up": len(self._held_up.frames) if self._held_up else 0}
         return stats
 
     # -- tree subtree ownership (read by TreePolicy) -------------------------------
@@ -474,6 +521,12 @@ class Site:
         src = it.source
         lanes = self._lanes
         for lane in _ROUTES[src.lane if src is not None else "local"]:
+            if lane == DOWN:   # each child chose the kinds it hears of from above
+                dst = it.dst
+                for bridge in lanes[lane]:
+                    if bridge is not src and bridge.advertises and dst.startswith(bridge.down):
+                        bridge.offer(it, out)
+                continue
             for bridge in lanes[lane]:
                 if bridge is not src and bridge.advertises:
                     bridge.offer(it, out)

@@ -24,9 +24,10 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Iterable
 
-from treefed.core.actions import Close, DeleteMessage, Log, Out, StoreMessage
+from treefed.core.actions import Close, DeleteMessage, Drop, Log, Out, StoreMessage
 from treefed.core.broker import Broker
 from treefed.federation.settings import LinkSettings, TreeSettings
+from treefed.federation.sharing import Sharing
 from treefed.federation.site import Site
 from treefed.wire.frames import Ack, Advisory, Deliver, Error, Forward, Nack, Send, \
     Subscribe, Unsubscribe
@@ -61,6 +62,9 @@ class Estate:
         self._clients: set[tuple[str, str]] = set()
         self._auto_ack: dict[tuple[str, str, str], bool] = {}
         self._msg = 0
+        self.sharing = Sharing()   # one set of shared tables for all its Sites
+        #: ``advertise_down`` of the tree links ``tree_link`` makes (None: the default)
+        self.advertise_down: tuple[str, ...] | None = None
 
     # -- building ------------------------------------------------------------------
     def add(self, name: str, *, tree: TreeSettings | None = None,
@@ -68,7 +72,7 @@ class Estate:
         broker_kwargs.setdefault("log_messages", self.log_messages)
         site = Site(name, broker=Broker(name, **broker_kwargs), tree=tree,
                     accept_tree_children=accept_tree_children,
-                    log_advisories=self.log_advisories)
+                    log_advisories=self.log_advisories, sharing=self.sharing)
         self.sites[name] = site
         return site
 
@@ -99,7 +103,8 @@ class Estate:
         node_type = tree.node_type if tree is not None and tree.node_type != "root" \
             else "leaf"
         return self.link(child, parent, LinkSettings(kind="tree", name=name,
-                                                     node_type=node_type))
+                                                     node_type=node_type,
+                                                     advertise_down=self.advertise_down))
 
     def unlink(self, a: str, b: str, name: str | None = None) -> None:
         """Cut the link(s) between ``a`` and ``b`` (all names, or just ``name``)."""
@@ -242,6 +247,8 @@ class Estate:
                 self.stored += 1
             elif kind is DeleteMessage:
                 self.deleted += 1
+            elif kind is Drop:
+                self.logs.append((site, action.log()))
 
     def _out(self, site: str, conn: str, frame: Any) -> None:
         wire = self._wires.get((site, conn))
@@ -277,13 +284,17 @@ class Estate:
 
 def tree_estate(levels: list[int], *, mode: str = "tree",
                 mesh: LinkSettings | None = None, route_unknown_up: bool = True,
-                max_demand_per_link: int = 100_000,
-                log_advisories: bool = True) -> tuple[Estate, list[list[str]]]:
+                max_demand_per_link: int = 100_000, log_advisories: bool = True,
+                advertise_down: tuple[str, ...] | None = None,
+                ) -> tuple[Estate, list[list[str]]]:
     """A tree-shaped estate: root ``HQ``, ``levels[0]`` regions ``R1``..., each holding
     ``levels[1]`` children ``R1.1``... and so on.  ``mode="tree"`` links it with tree
     connectors, ``mode="mesh"`` with ``mesh`` settings dialed from child to parent.
+    ``advertise_down``: the kinds interest from above is sent down for (None: the
+    LinkSettings default; ``("queue", "topic")``: the plain AMQ-2875 rule).
     Returns the estate and the broker names per level (root first)."""
     estate = Estate(log_advisories=log_advisories)
+    estate.advertise_down = advertise_down
     names: list[list[str]] = [["HQ"]]
     for depth, fanout in enumerate(levels, 1):
         names.append([f"R{i}" if depth == 1 else f"{parent}.{i}"
@@ -304,7 +315,8 @@ def tree_estate(levels: list[int], *, mode: str = "tree",
                 estate.link(name, parent, LinkSettings(
                     kind="tree", name="tree", node_type=tree.node_type,
                     route_unknown_up=route_unknown_up,
-                    max_demand_per_link=max_demand_per_link))
+                    max_demand_per_link=max_demand_per_link,
+                    advertise_down=advertise_down))
             else:
                 estate.link(name, parent, mesh or LinkSettings(duplex=True))
     estate.run_until_quiet()

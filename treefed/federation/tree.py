@@ -5,30 +5,36 @@ Theory of operation
 The same four questions as ``mesh.py``, answered by position instead of by TTL.  Each
 tree link leads to our *parent* or to one of our *children* (its lane).
 
-* *Where does interest go?*  ``ROUTES``: local interest goes up and down; interest from
-  a child goes up only (siblings never learn of each other's consumers, and no
-  per-sibling refusal is logged: not sending is the saving); interest from the parent
-  goes down to every child.  At a leaf "down" is empty, at the root "up" is.
+* *Where does interest go?*  ``routing.ROUTES["tree"]``: local interest goes up and
+  down; interest from a child goes up only (siblings never learn of each other's
+  consumers, and no per-sibling refusal is logged: not sending is the saving); interest
+  from the parent goes down to every child.  At a leaf "down" is empty, at the root "up"
+  is.
 * *May this advisory be accepted?*  No TTL.  From a child: a path naming us or an
   ancestor means a downward frame was sent back up (``tree_rule``); otherwise the
   origin must head the path and every broker named must belong to that child's subtree
   (first claimed by it, never our own id or an ancestor's: ``malformed``).  From the parent: we
-  must not be the origin or on the path (``loop``).
+  must not be the origin or on the path (``loop``).  ``accept`` only answers; the
+  brokers an accepted advisory from a child names are returned by ``claims`` and the
+  Bridge claims them for that child's subtree once every check passed.
 * *May it be sent on this link?*  Always, once ROUTES chose the link.
 * *What demand does it create?*  One conduit per (link, destination) whose selector is
-  the OR of its members' selectors (no selector if any member has none).  ActiveMQ
+  the OR of its members' selectors (no selector if any member has none), kept as a
+  ``MergedSelector`` (``merged.py``): each member compiled once, "any of" evaluated, a
+  change O(that member); ``conduit_selector`` gives the equivalent text.  ActiveMQ
   conduits drop selectors, which strands queue messages at brokers whose consumers do
   not select them; the OR keeps one subscription per destination and forwards only
   what some consumer below can take.  Priority -(hops): local consumers (0) win, then
   nearer demand.
 
-Bookkeeping (subtree ownership) lives on the Site; this object only reads and claims it.
+Bookkeeping (subtree ownership) lives on the Site; this object only reads it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from treefed.federation.routing import ROUTES as _ROUTES
 from treefed.federation.settings import LinkSettings
 from treefed.federation.temps import temp_refusal
 
@@ -49,9 +55,10 @@ class TreePolicy:
     replay = True
 
     kind = "tree"
-    #: where the interest came from -> lanes of links it is offered to.
-    ROUTES = {"local": ("parent", "child"), "child": ("parent",), "parent": ("child",),
-              "mesh": ("parent", "child")}
+    #: conduits keep member selectors compiled once each (federation/merged.py)
+    merges_selectors = True
+    #: where the interest came from -> lanes of links it is offered to (routing.py).
+    ROUTES = _ROUTES["tree"]
 
     def __init__(self, settings: LinkSettings) -> None:
         self.settings = settings
@@ -83,8 +90,11 @@ class TreePolicy:
             owner = site.subtree_owner(broker, bridge)
             if owner is not None and owner is not bridge:
                 return "malformed"  # a spoof: that broker lives under another child
-        site.claim_subtree(bridge, path)
         return None
+
+    def claims(self, bridge: "Bridge", adv: "Advisory") -> tuple[str, ...] | list[str]:
+        """Brokers an accepted advisory from a child places in that child's subtree."""
+        return adv.path if bridge.lane == "child" else ()
 
     # -- sending side --------------------------------------------------------------
     def offer(self, bridge: "Bridge", it: "Interest") -> str | None:

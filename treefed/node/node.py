@@ -97,11 +97,15 @@ from typing import Any
 import trio
 
 from treefed.config import BrokerConfig
-from treefed.core.actions import Close, DeleteMessage, Log, Out, Pause, Resume, StoreMessage
+from treefed.core.actions import Close, DeleteMessage, Drop, Log, Out, Pause, Resume, \
+    StoreMessage
 from treefed.core.broker import Broker
 from treefed.core.paging import paged_key
 from treefed.errors import FrameError, RemoteError, StoreError, TreefedError
-from treefed.federation.settings import KINDS, LinkSettings
+from treefed.federation.settings import LinkSettings
+from treefed.federation.drops import SUMMARY_EVENT, DropDigest
+from treefed.federation.handshake import listener_settings
+from treefed.federation.sharing import Sharing
 from treefed.federation.site import Site
 from treefed.log import get_logger
 from treefed.persistence import MemoryStore
@@ -135,6 +139,11 @@ INBOX_BYTES = 16 * 1024 * 1024
 MAX_BATCH = 512
 #: Seconds a closing connection may take to flush and to be closed by its peer.
 LINGER = 2.0
+#: Seconds per window of the refused-advisory digest (``federation/drops.py``).
+DROP_LOG_INTERVAL = 10.0
+#: Events written once per advisory frame: debug level in a broker's own log (a deployed
+#: broker's info log must not grow with a peer's advisory rate; engines get them all).
+_PER_ADVISORY = frozenset(("advisory.sent", "advisory.received"))
 #: +/- fraction applied to reconnect delays of dialed links.
 RECONNECT_JITTER = 0.1
 #: Allocations between young collections of the cyclic GC while a broker serves
@@ -257,7 +266,7 @@ class BrokerNode:
                  rng: random.Random | None = None,
                  event_sink: Callable[[str, dict], None] | None = None,
                  open_stream: Callable[[Endpoint], Awaitable[trio.abc.Stream]] | None = None,
-                 ) -> None:
+                 sharing: Sharing | None = None) -> None:
         # Hooks for the scenario engines (scenario/engines/live.py): ``event_sink(event,
         # fields)`` receives every Log action instead of structlog; ``open_stream(endpoint)``
         # dials broker links instead of TCP (in-memory links, cut links).
@@ -282,9 +291,14 @@ class BrokerNode:
         broker.pageable = self._pageable
         tree = config.tree_connector.tree_settings() if config.tree_connector else None
         self.site = Site(b.id, broker=broker, tree=tree,
-                         accept_tree_children=b.accept_tree_children, log_advisories=True)
+                         accept_tree_children=b.accept_tree_children, log_advisories=True,
+                         sharing=sharing)   # an engine's Sites may share these tables
         self.log = get_logger(broker=b.id)
+        # refused advisories: first per (link, reason) and interval at info, the rest
+        # counted into one summary line (a hostile peer cannot flood the log)
+        self._drops = DropDigest(DROP_LOG_INTERVAL)
         self._message_events = config.logging.message_events
+        self._advisory_events = config.logging.advisory_events
         self._rng = rng or random.Random()
         self._conns: dict[str, _Conn] = {}
         self._next_conn = 0
@@ -638,6 +652,9 @@ class BrokerNode:
         inbox, site = self._inbox, self.site
         while True:
             deadline = site.next_deadline()
+            drops_due = self._drops.next_deadline()
+            if drops_due is not None and (deadline is None or drops_due < deadline):
+                deadline = drops_due   # a drop summary to write
             batch: list = []
             if deadline is None:
                 batch.append(await inbox.receive())
@@ -673,6 +690,8 @@ class BrokerNode:
             self._inbox_room = trio.Event()
         if actions:
             await self._perform(actions, now)
+        for fields in self._drops.due(now):
+            self.log.info(SUMMARY_EVENT, **fields)
         self.batches += 1
 
     def _handle_frames(self, c: _Conn, frames: list, now: float, actions: list) -> None:
@@ -756,15 +775,18 @@ class BrokerNode:
             return
         # a broker link
         peer = hello.broker_id or "?"
+        if c.dialer is None and hello.connector == "tree" and not self._may_be_child(c):
+            self._refuse(c, RemoteError(f"user {c.user} has no broker role",
+                                        code="not_authorized"), "no broker role", actions)
+            return
         if c.dialer is not None:
             settings = c.dialer.settings
         else:
-            kind = hello.connector if hello.connector in KINDS else "mesh"
-            if kind == "mesh" and not self.config.broker.accept_mesh:
-                self._refuse(c, RemoteError("this broker accepts no mesh links",
-                                            code="link_refused"), "mesh refused", actions)
+            settings = listener_settings(hello, accept_mesh=self.config.broker.accept_mesh)
+            if type(settings) is str:
+                self._refuse(c, RemoteError(settings, code="link_refused"), "mesh refused",
+                             actions)
                 return
-            settings = LinkSettings(kind=kind, name=hello.link_name or kind)
         self._rename(c, f"L:{settings.name}:{peer}")
         c.kind = _LINK
         c.peer = peer
@@ -800,6 +822,14 @@ class BrokerNode:
             "lane": bridge.lane if bridge is not None else None, "remote": c.remote,
             "listen": [u for u in listen if isinstance(u, str)][:8]
             if isinstance(listen, list) else [], "since": round(now, 3)}
+    def _may_be_child(self, c: _Conn) -> bool:
+        """``[security.tree] child_groups``: only users in one of them may attach as a
+        tree child (a client user must not take a place in the tree)."""
+        wanted = self.config.security.tree.child_groups
+        if not wanted or self._auth is None:
+            return True
+        user = self._auth.user(c.user) if c.user is not None else None
+        return user is not None and not set(wanted).isdisjoint(user.groups)
 
     def _link_guard(self, c: _Conn, hello: Hello) -> Guard | None:
         """The screen of an accepted link: the peer user's permissions and, for a tree
@@ -809,6 +839,8 @@ class BrokerNode:
         scope = None
         if self._tree_scope is not None and bridge is not None and bridge.lane == "child":
             scope = self._tree_scope.for_child(c.peer, leaf=hello.node_type == "leaf")
+            # a delta resync re-admitted the child's subtree without advisories to screen
+            scope.add_subtree(bridge.owned)
         if scope is None and self._authz is None:
             return None
         site = self.site
@@ -897,6 +929,8 @@ class BrokerNode:
                         consumed.append(a.msg_id)
                 elif kind is Log:
                     self._log_event(a)
+                elif kind is Drop:
+                    self._log_drop(a, now)
                 elif kind is Pause:
                     c = conns.get(a.conn)
                     if c is not None:
@@ -1051,6 +1085,8 @@ class BrokerNode:
         if event.startswith("message."):
             if self._message_events:
                 self.log.info(event, **a.fields)
+        elif event in _PER_ADVISORY and not self._advisory_events:
+            self.log.debug(event, **a.fields)   # one line per frame: debug only
         else:
             self.log.info(event, **a.fields)
 
@@ -1158,6 +1194,16 @@ class BrokerNode:
         self.log = get_logger(broker=self.broker_id)
         self._message_events = logging.message_events
         self.site.broker.log_messages = logging.message_events
+    def _log_drop(self, a: Drop, now: float) -> None:
+        """A refused advisory: every one to an engine's event sink; to the log, the first
+        per (link, peer, reason) and interval at info, the rest at debug and counted into
+        one ``advisory.dropped.summary`` line (``DropDigest``)."""
+        if self._event_sink is not None:
+            self._event_sink("advisory.dropped", a.fields())
+        elif self._advisory_events or self._drops.add(a, now):
+            self.log.info("advisory.dropped", **a.fields())
+        else:
+            self.log.debug("advisory.dropped", **a.fields())
 
     # ------------------------------------------------------------------ statistics
     def listen_uris(self) -> list[str]:

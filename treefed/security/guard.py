@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from treefed.core.actions import Log, Out
+from treefed.core.actions import Drop, Log, Out
 from treefed.core.destinations import parse_destination
 from treefed.errors import DestinationError
 from treefed.security.authz import DENIED, Authorizer, denied
@@ -124,9 +124,8 @@ class Guard:
         self._refuse(conn, "read", dst, adv.consumer, out, why=reason)
         if self.dropped is not None:
             self.dropped["forbidden"] = self.dropped.get("forbidden", 0) + 1
-        out.append(Log("advisory.dropped", {
-            "link": self.link, "peer": self.peer, "consumer": adv.consumer, "dst": dst,
-            "origin": adv.origin, "kind": adv.kind, "reason": "forbidden"}))
+        out.append(Drop("forbidden", self.link, self.peer, adv.consumer, dst, adv.origin,
+                        adv.kind))
         return False
 
     def _forward(self, conn: str, f: Forward, out: list) -> bool:

@@ -192,8 +192,10 @@ class Bye(Frame):
 class Advisory(Frame):
     """Consumer interest crossing a broker link.
 
-    ``path`` lists the brokers the advisory has passed *before the sender*, origin
-    excluded (DESIGN §4.1): a consumer local to the sender arrives with ``path == []``.
+    ``path`` lists the brokers the advisory has passed, **origin first, the sender
+    excluded**: a consumer local to the sender arrives with ``path == []``; one the
+    sender learned from its origin O arrives with ``["O"]``, and so on.  The receiver
+    keys the instance by ``(consumer, path + [sender])``.
     """
 
     kind: str

@@ -43,7 +43,9 @@ def dial_settings(mode: Mode, child: BrokerSpec) -> LinkSettings:
         return LinkSettings(kind="tree", name=LINK_NAME["tree"],
                             node_type="leaf" if child.role == "leaf" else "branch",
                             route_unknown_up=opts.get("route_unknown_up", True),
-                            max_demand_per_link=opts.get("max_interest_per_child", 100_000))
+                            max_demand_per_link=opts.get("max_interest_per_child", 100_000),
+                            advertise_down=opts.get("advertise_down"),
+                            resync_grace=opts.get("resync_grace", 0.0))
     return LinkSettings(kind="mesh", name=LINK_NAME["mesh"], **opts)
 
 

@@ -39,6 +39,7 @@ import trio.testing
 
 from treefed.config import BrokerConfig, parse_config
 from treefed.errors import RemoteError
+from treefed.federation.sharing import Sharing
 from treefed.persistence.memory import MemoryStore
 from treefed.scenario.engines.common import (
     LINK_NAME, RUNNER, broker_info, run_fields, run_params,
@@ -69,7 +70,8 @@ def site_config(mode: Mode, spec: BrokerSpec, *, parent_uri: str | None,
     doc: dict[str, Any] = {
         "broker": {"id": spec.id, "listen": list(listen), "heartbeat_interval": 0.0,
                    "accept_tree_children": mode.connector == "tree" and spec.role != "leaf"},
-        "logging": {"level": level, "message_events": True, "file": log_file},
+        "logging": {"level": level, "message_events": True, "advisory_events": True,
+                    "file": log_file},
     }
     if data_dir:
         doc["broker"]["data_dir"] = data_dir
@@ -210,6 +212,7 @@ class LiveEngine:
         self._t0 = 0.0
         self._root: trio.Nursery | None = None
         self._body = b"x" * plan.scenario.workload.body_bytes
+        self._sharing = Sharing()   # memory-saving tables shared by all its Sites
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, Any]:
@@ -279,7 +282,7 @@ class LiveEngine:
             return await self._dial(site)
 
         node = BrokerNode(self._config(site), store=site.store, rng=site.rng,
-                          event_sink=sink, open_stream=dial)
+                          event_sink=sink, open_stream=dial, sharing=self._sharing)
         if site.store.stats()["rows"] or site.store.load_consumed():
             node.restore()   # messages, and the ids its consumers already took
         site.stopped = trio.Event()

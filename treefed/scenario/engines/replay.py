@@ -56,8 +56,9 @@ from collections import deque
 from itertools import count
 from typing import Any, Callable
 
-from treefed.core.actions import Close, DeleteMessage, Log, Out, StoreMessage
+from treefed.core.actions import Close, DeleteMessage, Drop, Log, Out, StoreMessage
 from treefed.core.broker import Broker
+from treefed.federation.sharing import Sharing
 from treefed.federation.site import Site
 from treefed.persistence.memory import MemoryStore
 from treefed.scenario.engines.common import (
@@ -132,6 +133,7 @@ class ReplayEngine:
         self._q: deque = deque()
         self._acks: deque = deque()
         self._timers: list[tuple[float, int, _Node]] = []   # heap of sites' deadlines
+        self.sharing = Sharing()   # memory-saving tables shared by all its Sites
         self._seq = count()
         self._next_report = _PROGRESS_EVERY
         self._accept = accept_settings(mode)
@@ -298,6 +300,11 @@ class ReplayEngine:
             elif kind is DeleteMessage:
                 node.store.apply((), ((a.msg_id, a.dst),), (),
                                  (a.msg_id,) if a.consumed else ())
+            elif kind is Drop:   # rendered in order with the other lines
+                if logs is None:
+                    logs = [a.log()]
+                else:
+                    logs.append(a.log())
             elif kind is Close:
                 end = ends.get(a.conn)
                 if end is not None:
@@ -338,7 +345,8 @@ class ReplayEngine:
         node.spec = spec
         tree, accept_children = site_position(self.mode, spec)
         node.site = Site(node.id, broker=Broker(node.id, log_messages=True), tree=tree,
-                         accept_tree_children=accept_children, log_advisories=True)
+                         accept_tree_children=accept_children, log_advisories=True,
+                         sharing=self.sharing)
         node.alive = True
         if info:
             self.rec.emit(now, node.id, "broker.info", broker_info(self.mode, spec))
