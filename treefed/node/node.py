@@ -572,7 +572,11 @@ class BrokerNode:
             except trio.WouldBlock:
                 pass
             async with self._batch_lock:
-                await self._handle_batch(batch, deadline)
+                try:
+                    await self._handle_batch(batch, deadline)
+                except Exception as exc:   # last resort: log it, keep serving (#12)
+                    self.log.error("site.batch_failed", error=repr(exc), exc_info=exc,
+                                   conns=sorted({c.id for c, _ in batch}))
 
     async def _handle_batch(self, batch: list, deadline: float | None) -> None:
         """Feed one batch to the Site, then perform all it asked for (one commit)."""
@@ -581,7 +585,10 @@ class BrokerNode:
         for c, payload in batch:
             if type(payload) is list:
                 if not c.dead:
-                    self._handle_frames(c, payload, now, actions)
+                    try:
+                        self._handle_frames(c, payload, now, actions)
+                    except Exception as exc:
+                        self._failed(c, exc, now, actions)
             elif payload is _EOF:
                 self._forget(c, now, actions)
             else:
@@ -746,6 +753,17 @@ class BrokerNode:
         if not c.dead:
             actions.append(Close(c.id, Error(exc.code, exc.message)))
 
+    def _failed(self, c: _Conn, exc: Exception, now: float, actions: list) -> None:
+        """Handling a frame of ``c`` raised (a bug, or input no check foresaw): only
+        that connection pays -- it gets ``internal_error`` and is closed, the failure is
+        logged with its traceback; the actions of its earlier frames still happen."""
+        self.log.error("conn.failed", conn=c.id, remote=c.remote, error=repr(exc),
+                       exc_info=exc)
+        if not c.dead:
+            actions.append(Close(c.id, Error("internal_error",
+                                             f"the broker could not handle a frame: "
+                                             f"{type(exc).__name__}")))
+
     def _forget(self, c: _Conn, now: float, actions: list) -> None:
         """The Site forgets ``c`` (once); its writer flushes and ends."""
         if not c.closing:
@@ -828,6 +846,7 @@ class BrokerNode:
         Forward of them leaves, their receipts become errors, and a link that forwarded
         one is closed instead of acked (the peer keeps its copy: store-and-forward)."""
         broker = self.site.broker
+        stores = [m for m in stores if m.id in refused]   # the others were committed
         for m in stores:
             more += broker.withdraw(m.id, m.dst, now)
         gone = {(m.id, m.dst) for m in stores}
@@ -857,9 +876,14 @@ class BrokerNode:
         self.commits += 1
         try:
             await self._apply(stores, deletes, consumed)
-        except StoreError as exc:
+        except Exception as exc:   # containment (issue #12): no store failure ends us
+            if not isinstance(exc, StoreError):
+                self.log.error("store.bug", error=repr(exc), exc_info=exc)
+                exc = StoreError(f"the message store failed: {exc!r}", code="store_failed")
             self.log.error("store.failed", code=exc.code, error=exc.message,
                            stores=len(stores), deletes=len(deletes))
+            if exc.code != "store_full" and len(stores) > 1:
+                return await self._commit_apart(stores, deletes, consumed)
             if exc.code == "store_full":
                 if not self.store_full:
                     self.log.warning("store.full", refused=len(stores))
@@ -876,6 +900,26 @@ class BrokerNode:
             self.store_full = False
             self.log.info("store.space", deletes=len(deletes))
         return None
+
+    async def _commit_apart(self, stores: list, deletes: list, consumed: list) -> dict:
+        """A batch failed for a reason other than space (one message the store cannot
+        take): commit the deletes, then every message on its own, so only the culprit
+        is refused and the other producers' messages are stored and confirmed."""
+        refused: dict = {}
+        for part in ([], *([m] for m in stores)):
+            try:
+                await self._apply(part, [] if part else deletes, [] if part else consumed)
+            except Exception as exc:
+                if not isinstance(exc, StoreError):
+                    exc = StoreError(f"the message store failed: {exc!r}",
+                                     code="store_failed")
+                for m in part or stores:
+                    refused.setdefault(m.id, exc)
+                self.log.error("store.refused", code=exc.code, error=exc.message,
+                               msg=part[0].id if part else None)
+                if not part:
+                    return {m.id: exc for m in stores}   # not even the deletes: give up
+        return refused or None
 
     async def _apply(self, stores: list, deletes: list, consumed: list = ()) -> None:
         # ``consumed`` only when there are some: a store written before it existed (a
