@@ -499,8 +499,10 @@ class Connection:
                 waiter = self._receipt_waiters[last] = _Waiter()
             try:
                 await waiter.wait()
-            except RemoteError:
-                pass  # reported below with the other refusals
+            except RemoteError as exc:
+                # our waiter took this refusal (so _on_error did not queue it): report
+                # it below with the others -- never swallow it (issue #12, defect 6)
+                self._refused.append(exc)
         if self._refused:
             first = self._refused.popleft()
             self._refused.clear()
