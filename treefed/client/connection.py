@@ -40,6 +40,7 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import ssl
@@ -67,6 +68,10 @@ __all__ = ["connect", "Connection", "Subscription", "ReceivedMessage", "Connecti
            "remote_error"]
 
 _RECEIVE_SIZE = 256 * 1024
+#: Seconds a peer has to answer our hello before we call it no treefed broker.
+HELLO_TIMEOUT = 10.0
+#: Error codes of a peer that is not a treefed broker (said as they are, not "refused").
+_NOT_A_BROKER = ("not_a_broker", "hello_timeout")
 #: ``ref`` of the Error refusing a StatRequest (security.guard.STAT_REF)
 _STAT_REF = "stat"
 #: A producer that does not wait yields to the writer once this many frames are queued:
@@ -371,7 +376,7 @@ class Connection:
                  max_frame: int = DEFAULT_MAX_FRAME, high_water: int = 8192,
                  max_unconfirmed: int = 8192, username: str | None = None,
                  password: str | None = None, ssl_context: ssl.SSLContext | None = None,
-                 ) -> None:
+                 hello_timeout: float = HELLO_TIMEOUT) -> None:
         target = parse_uri(uri)
         if not isinstance(target, (Endpoint, Failover)):
             raise LocalError(f"{uri!r}: a client connects to tcp://, ssl:// or failover:",
@@ -382,6 +387,10 @@ class Connection:
         self._password = password
         self._ssl_context = ssl_context           # ssl:// endpoints; None = system CAs
         self._target = target
+        self._hello_timeout = hello_timeout       # a peer that never says hello is not
+        #                                           a treefed broker (an HTTP server, a
+        #                                           silent port): a clear error, in time
+        self.last_error: BaseException | None = None   # why the last attempt failed
         self._producer = f"{client_id or 'p'}-{uuid.uuid4().hex[:12]}"
         self._seq = 0
         self._sub_seq = 0
@@ -650,8 +659,7 @@ class Connection:
             while not self._closing:
                 delay = backoff.next_delay(self._rng)
                 if delay is None:
-                    raise ConnectionClosed(
-                        f"cannot connect to {self.uri}: {last_error or 'no attempts left'}")
+                    raise ConnectionClosed(_cannot_connect(self.uri, last_error))
                 if delay:
                     await trio.sleep(delay)
                 # one attempt = one sweep over the endpoints; the one we just lost goes
@@ -668,10 +676,11 @@ class Connection:
                         opened = await self._open(endpoint)
                         break
                     except _SOCKET_ERRORS as exc:
-                        last_error = exc
+                        last_error = self.last_error = exc
                     except RemoteError as exc:
                         # a failed TLS handshake is retried like an unreachable broker:
                         # under failover the next endpoint may well be fine
+                        self.last_error = exc
                         if exc.code not in ("unreachable", "tls_failed"):
                             raise
                         last_error = exc
@@ -702,7 +711,8 @@ class Connection:
                 if not isinstance(target, Failover):
                     raise ConnectionClosed(f"connection to {self.uri} lost: {last_error}")
         except RemoteError as exc:  # the broker refused our hello: retrying cannot help
-            self._fail(ConnectionClosed(f"{self.uri} refused the connection: {exc}"))
+            self._fail(ConnectionClosed(str(exc) if exc.code in _NOT_A_BROKER
+                                        else f"{self.uri} refused the connection: {exc}"))
             if not started:
                 task_status.started(exc)
         except ConnectionClosed as exc:
@@ -720,12 +730,20 @@ class Connection:
             await framed.send_frame(Hello(PROTOCOL_VERSION, "client", name=self.client_id,
                                           username=self._username,
                                           password=self._password))
-            with trio.fail_after(30):
+            frames = None
+            with trio.move_on_after(self._hello_timeout):
                 try:
                     frames = await framed.receive_frames()
                 except trio.EndOfChannel:
                     raise _Lost("broker closed the connection during the handshake") \
                         from None
+                except FrameError as exc:
+                    raise RemoteError(f"{endpoint} is not a treefed broker: its first bytes "
+                                      f"are not a treefed frame ({exc.message})",
+                                      code="not_a_broker") from None
+            if frames is None:
+                raise RemoteError(f"{endpoint} sent no hello within {self._hello_timeout:g} "
+                                  "s: is it a treefed broker?", code="hello_timeout")
             first = frames[0]
             if type(first) is Error:
                 raise remote_error(first)
@@ -906,6 +924,21 @@ class Connection:
                 reply.set(error=exc)
 
 
+def _cannot_connect(uri: str, error: BaseException | None, *,
+                   within: float | None = None) -> str:
+    """One sentence saying why ``uri`` could not be reached, naming each address once
+    (the attempt's own error usually starts "cannot connect to <endpoint>")."""
+    head = f"cannot connect to {uri}" + (f" within {within:g} s" if within else "")
+    if error is None:
+        return head + ("" if within else ": no attempts left")
+    text = str(error)
+    if text.startswith("cannot connect to "):
+        if not within and text.startswith(f"cannot connect to {uri}"):
+            return text   # a bare endpoint: the attempt's message says it all
+        text = text[len("cannot connect to "):]
+    return f"{head}; last attempt: {text}"
+
+
 @asynccontextmanager
 async def connect(uri: str, *, client_id: str | None = None, username: str | None = None,
                   password: str | None = None, ssl_context: ssl.SSLContext | None = None,
@@ -915,8 +948,12 @@ async def connect(uri: str, *, client_id: str | None = None, username: str | Non
     ``password`` go in the hello of a broker with authentication on (a refusal raises
     RemoteError(code="auth_failed")); ``ssl_context`` is used for ``ssl://`` URIs (e.g.
     ``transport.tls.client_context(ca=...)``; default: the system CAs).  ``options``:
-    ``max_frame``, ``high_water``, ``max_unconfirmed``.  Raises ConnectionClosed when
-    no broker can be reached, the broker's RemoteError when it refuses our hello."""
+    ``max_frame``, ``high_water``, ``max_unconfirmed``, ``hello_timeout`` (seconds a
+    peer has to answer our hello; longer means it is no treefed broker) and
+    ``connect_timeout`` (seconds for the first connection, retries included; default
+    none: a failover URI retries per its options).  Raises ConnectionClosed when no
+    broker can be reached, the broker's RemoteError when it refuses our hello."""
+    connect_timeout = options.pop("connect_timeout", None)
     conn = Connection(uri, client_id=client_id, username=username, password=password,
                       ssl_context=ssl_context, **options)
     failure = None
@@ -924,7 +961,13 @@ async def connect(uri: str, *, client_id: str | None = None, username: str | Non
         async with trio.open_nursery() as nursery:
             # the supervisor reports a failed first connection instead of raising it,
             # so it reaches the caller as itself rather than inside an ExceptionGroup
-            failure = await nursery.start(conn._supervise)
+            with trio.move_on_after(math.inf if connect_timeout is None
+                                    else connect_timeout) as startup:
+                failure = await nursery.start(conn._supervise)
+            if startup.cancelled_caught:   # e.g. failover retrying for ever (issue #12)
+                failure = ConnectionClosed(_cannot_connect(
+                    uri, conn.last_error, within=connect_timeout))
+                conn._fail(failure)
             if failure is None:
                 try:
                     yield conn
