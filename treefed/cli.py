@@ -81,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stat", help="print a broker's statistics as JSON")
     _connection_options(p)
     p.add_argument("uri")
+    p.add_argument("--section", default="all",
+                   choices=("all", "summary", "destinations", "consumers", "conns", "links",
+                            "connectors"),
+                   help="what to show (default all; summary: figures and list totals)")
+    p.add_argument("--match", default=None, metavar="PATTERN",
+                   help="only destinations (and their consumers) matching PATTERN, "
+                        "e.g. 'queue://Store.s1.>'")
 
     p = sub.add_parser("passwd", help="print a password hash for [[security.user]]")
     p.add_argument("--stdin", action="store_true",
@@ -204,7 +211,8 @@ async def _consume(args: argparse.Namespace) -> int:
 
 async def _stat(args: argparse.Namespace) -> int:
     async with _connect(args, "treefed-stat") as conn:
-        stats = await conn.stat()
+        # paged: a big broker's statistics do not fit one frame (issue #12)
+        stats = await conn.stat_all(args.section, match=args.match)
     print(json.dumps(stats, indent=2, sort_keys=True, default=str))
     return 0
 

@@ -68,6 +68,9 @@ __all__ = ["connect", "Connection", "Subscription", "ReceivedMessage", "Connecti
            "remote_error"]
 
 _RECEIVE_SIZE = 256 * 1024
+#: Entries per page ``stat_all`` asks for (the broker may answer fewer: a page must fit
+#: one frame).
+_STAT_PAGE = 10_000
 #: Seconds a peer has to answer our hello before we call it no treefed broker.
 HELLO_TIMEOUT = 10.0
 #: Error codes of a peer that is not a treefed broker (said as they are, not "refused").
@@ -566,15 +569,43 @@ class Connection:
         finally:
             self._reply_waiters.pop(msg_id, None)
 
-    async def stat(self, what: str = "all") -> dict:
-        """The broker's statistics (connections, destinations, consumers, links)."""
+    async def stat(self, what: str = "all", *, match: str | None = None, offset: int = 0,
+                   limit: int = 0) -> dict:
+        """The broker's statistics (connections, destinations, consumers, links): one
+        page of them.  ``what``: all | summary | destinations | consumers | conns | links
+        | connectors; ``match`` keeps destinations (and their consumers) matching a
+        pattern; ``offset`` / ``limit`` page the lists.  ``reply["pages"]`` says per list
+        its total and the ``next`` offset (None: complete).  See ``stat_all``."""
         self._check_open()
         if not self._ready.is_set():
             await self._wait_ready()
         waiter = _Waiter()
         self._stat_waiters.append(waiter)
-        self._queue(StatRequest(what))
+        self._queue(StatRequest(what, match, offset, limit))
         return await waiter.wait()
+
+    async def stat_all(self, what: str = "all", *, match: str | None = None) -> dict:
+        """Every page of ``stat(what, match=...)`` merged into one dict: a broker with
+        40,000 destinations answers in pages that each fit a frame."""
+        stats = await self.stat(what, match=match, limit=_STAT_PAGE)
+        for section, info in list(stats.get("pages", {}).items()):
+            if what not in ("all", section):
+                continue
+            while info.get("next") is not None:
+                page = await self.stat(section, match=match, offset=info["next"],
+                                       limit=_STAT_PAGE)
+                items = page.get(section)
+                if isinstance(items, dict):
+                    stats.setdefault(section, {}).update(items)
+                elif isinstance(items, list):
+                    stats.setdefault(section, []).extend(items)
+                info = page["pages"][section]
+                if not info.get("returned"):
+                    break   # the list shrank under us: what we have is all there is
+            stats["pages"][section] = {"total": len(stats.get(section) or ()), "offset": 0,
+                                       "returned": len(stats.get(section) or ()),
+                                       "next": None}
+        return stats
 
     async def flush(self) -> None:
         """Wait until every queued frame has been written to the socket."""

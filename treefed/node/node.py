@@ -101,7 +101,9 @@ from treefed.transport.framed import FramedStream
 from treefed.transport.streams import connect_with_retry, open_tcp, peer_address, serve_tcp
 from treefed.transport.tls import peer_identity, serve_tls
 from treefed.transport.uri import Endpoint, Failover, Static, parse_uri
-from treefed.wire.codec import check_hello
+from treefed.node import stat_pages
+from treefed.security.guard import STAT_REF
+from treefed.wire.codec import check_hello, encode
 from treefed.wire.frames import (PROTOCOL_VERSION, Bye, Deliver, Error, Forward, ForwardAck,
                                  Hello, Ping, Pong, Receipt, Send, StatReply, StatRequest)
 
@@ -611,7 +613,7 @@ class BrokerNode:
                 cid = c.id
             elif kind is StatRequest:
                 if c.guard is None or c.guard.screen(cid, frame, actions):
-                    actions.append(Out(cid, StatReply(self.statistics())))
+                    actions.append(Out(cid, self._stat_reply(frame)))
             elif kind is Bye:
                 self.log.info("conn.bye", conn=cid, peer=c.peer, reason=frame.reason)
                 actions.append(Close(cid))
@@ -636,6 +638,23 @@ class BrokerNode:
                         return
                     continue
                 actions += site.handle_frame(cid, frame, now)
+
+    def _stat_reply(self, request: StatRequest) -> StatReply | Error:
+        """One page of statistics (``node.stat_pages``), sized to fit a frame: a page
+        whose encoding would pass ``max_frame_bytes`` is asked again, smaller."""
+        stats = self.statistics()
+        limit = request.limit
+        while True:
+            try:
+                page = stat_pages.select(stats, request.what, match=request.match,
+                                         offset=request.offset, limit=limit)
+            except RemoteError as exc:
+                return Error(exc.code, exc.message, STAT_REF)
+            reply = StatReply(page)
+            returned = max((p["returned"] for p in page["pages"].values()), default=0)
+            if returned <= 1 or len(encode(reply)) <= self.config.broker.max_frame_bytes:
+                return reply
+            limit = max(1, returned // 4)
 
     def _refuse_when_full(self, c: _Conn, frame: Any, actions: list) -> bool:
         """The store is full: a producer's persistent send is refused (it may retry); a

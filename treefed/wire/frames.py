@@ -235,7 +235,14 @@ class ForwardAck(Frame):
 
 @dataclass(slots=True)
 class StatRequest(Frame):
+    """Ask for statistics: ``what`` = all | summary | one list section; list sections
+    come in pages (``offset``, ``limit``; 0 = the broker's default) and may be filtered
+    by a destination pattern ``match`` (issue #12: a big broker's reply passed 4 MiB)."""
+
     what: str = "all"
+    match: str | None = None
+    offset: int = 0
+    limit: int = 0
 
 
 @dataclass(slots=True)
@@ -291,7 +298,7 @@ _KINDS: dict[str, dict[str, str]] = {
                     persistent="bool", priority="int", expires="float", reply_to="str?",
                     timestamp="float", redelivered="int"),
     "ForwardAck": dict(ids="strlist"),
-    "StatRequest": dict(what="str"),
+    "StatRequest": dict(what="str", match="str?", offset="int", limit="int"),
     "StatReply": dict(data="map"),
 }
 
@@ -334,7 +341,8 @@ LIMITS: dict[str, dict[str, tuple]] = {
                     priority=(0, 9), expires=(0.0, MAX_EPOCH), reply_to=(None, MAX_NAME),
                     timestamp=(0.0, MAX_EPOCH), redelivered=(0, 2 ** 31 - 1)),
     "ForwardAck": dict(),
-    "StatRequest": dict(what=(None, 64)),
+    "StatRequest": dict(what=(None, 64), match=(None, MAX_NAME), offset=(0, 2 ** 31 - 1),
+                        limit=(0, 2 ** 31 - 1)),
     "StatReply": dict(),
 }
 
