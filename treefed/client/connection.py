@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 import random
 import re
+import secrets
 import ssl
 import uuid
 from collections import deque
@@ -60,6 +61,7 @@ from treefed.transport.uri import Endpoint, Failover, parse_uri
 from treefed.transport.framed import FramedStream
 from treefed.transport.streams import open_tcp
 from treefed.wire.codec import DEFAULT_MAX_FRAME, check_hello
+from treefed.wire.ids import SCOPE_SEP, original
 from treefed.wire.frames import (PROTOCOL_VERSION, Ack, Bye, Deliver, Error, Hello, Nack,
                                  Ping, Pong, Receipt, Send, StatReply, StatRequest,
                                  Subscribe, Unsubscribe)
@@ -161,7 +163,8 @@ class ReceivedMessage:
         self._conn = conn
         self._gen = gen
 
-    id = property(lambda self: self.frame.msg, doc="message id (producer:sequence)")
+    id = property(lambda self: original(self.frame.msg),
+                  doc="message id as its producer chose it (producer:sequence)")
     dst = property(lambda self: self.frame.dst, doc="destination it was sent to")
     body = property(lambda self: self.frame.body)
     headers = property(lambda self: self.frame.headers)
@@ -207,7 +210,7 @@ class ReceivedMessage:
         if not self.frame.reply_to:
             raise LocalError(f"message {self.frame.msg} has no reply_to", code="no_reply_to")
         h = dict(headers) if headers else {}
-        h["correlation_id"] = self.frame.msg
+        h["correlation_id"] = original(self.frame.msg)
         return await self._conn.send(self.frame.reply_to, body, headers=h)
 
     def as_dict(self) -> dict:
@@ -217,7 +220,7 @@ class ReceivedMessage:
             body: Any = f.body.decode("utf-8")
         except UnicodeDecodeError:
             body = f.body.hex()
-        return {"id": f.msg, "dst": f.dst, "headers": f.headers, "body": body,
+        return {"id": original(f.msg), "dst": f.dst, "headers": f.headers, "body": body,
                 "persistent": f.persistent, "priority": f.priority,
                 "redelivered": f.redelivered, "reply_to": f.reply_to,
                 "timestamp": f.timestamp, "expires": f.expires}
@@ -395,6 +398,9 @@ class Connection:
         #                                           silent port): a clear error, in time
         self.last_error: BaseException | None = None   # why the last attempt failed
         self._producer = f"{client_id or 'p'}-{uuid.uuid4().hex[:12]}"
+        # secret sent in every hello: the broker scopes our message ids by its hash, so
+        # nobody else can squat them and our resends after a failover stay duplicates
+        self._producer_key = secrets.token_urlsafe(24)
         self._seq = 0
         self._sub_seq = 0
         self._max_frame = max_frame
@@ -760,7 +766,8 @@ class Connection:
         try:
             await framed.send_frame(Hello(PROTOCOL_VERSION, "client", name=self.client_id,
                                           username=self._username,
-                                          password=self._password))
+                                          password=self._password,
+                                          options={"producer_key": self._producer_key}))
             frames = None
             with trio.move_on_after(self._hello_timeout):
                 try:
@@ -913,9 +920,12 @@ class Connection:
     def _dispatch(self, frame: Any) -> None:
         kind = type(frame)
         if kind is Receipt:
-            if self._unconfirmed.pop(frame.id, None) is not None:
+            rid = frame.id
+            if SCOPE_SEP in rid:     # a send's receipt names the broker's scoped id
+                rid = original(rid)
+            if self._unconfirmed.pop(rid, None) is not None:
                 self.confirmed_total += 1
-            waiter = self._receipt_waiters.pop(frame.id, None)
+            waiter = self._receipt_waiters.pop(rid, None)
             if waiter is not None:
                 waiter.set()
         elif kind is Error:
@@ -932,6 +942,8 @@ class Connection:
     def _on_error(self, frame: Error) -> None:
         exc = remote_error(frame)
         ref = frame.ref
+        if ref is not None and SCOPE_SEP in ref:
+            ref = original(ref)
         if ref is None:
             raise _Lost(f"broker closed the connection: [{frame.code}] {frame.message}") \
                 from exc

@@ -81,6 +81,7 @@ import dataclasses
 import functools
 import gc
 import random
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -104,6 +105,7 @@ from treefed.transport.uri import Endpoint, Failover, Static, parse_uri
 from treefed.node import stat_pages
 from treefed.security.guard import STAT_REF
 from treefed.wire.codec import check_hello, encode
+from treefed.wire.ids import SCOPE_SEP, destination_scope, original, producer_scope
 from treefed.wire.frames import (PROTOCOL_VERSION, Bye, Deliver, Error, Forward, ForwardAck,
                                  Hello, Ping, Pong, Receipt, Send, StatReply, StatRequest)
 
@@ -138,13 +140,35 @@ _STORE_FULL = StoreError("the message store is full (max_store_bytes or the disk
                          "persistent message refused, retry later", code="store_full")
 
 
+def _client_ids(fields: dict) -> dict:
+    """Message events name a message by its producer's id (scope stripped), as the
+    producer and consumers know it."""
+    msg = fields.get("msg")
+    if type(msg) is str and SCOPE_SEP in msg:
+        fields = {**fields, "msg": original(msg)}
+    return fields
+
+
+#: frames answering a client's request by its id (the id the client chose is shown)
+_ANSWERS = frozenset((Receipt, Error))
+
+
+def _unscoped(frame: Any) -> Any:
+    if type(frame) is Receipt:
+        return Receipt(original(frame.id)) if SCOPE_SEP in frame.id else frame
+    if frame.ref is not None and SCOPE_SEP in frame.ref:
+        return Error(frame.code, frame.message, original(frame.ref))
+    return frame
+
+
 class _Conn:
     """One connection's shell-side state.  ``out`` is only appended to by the site task
     (and heartbeats); the writer swaps it for a fresh list when it wakes."""
 
     __slots__ = ("id", "kind", "framed", "out", "wake", "high_water", "paused", "resume",
                  "closing", "dead", "writer_done", "hello", "dialer", "peer",
-                 "remote", "opened", "last_rx", "pinged", "user", "guard", "scope")
+                 "remote", "opened", "last_rx", "pinged", "user", "guard", "scope",
+                 "producer", "scopes")
 
     def __init__(self, conn_id: str, framed: FramedStream, remote: str,
                  dialer: Dialer | None) -> None:
@@ -170,6 +194,9 @@ class _Conn:
         self.guard: Guard | None = None     # frame screen; None = nothing to check
         self.scope: trio.CancelScope | None = None  # its tasks: a dead peer is cut off
         #                                     at once (a half-open socket never drains)
+        self.producer: str | None = None    # a client's producer scope: appended to the
+        #                                     ids it sends (wire/ids.py, issue #12)
+        self.scopes: dict[str, str] = {}    # destination text -> its scope (a cache)
 
     def queue(self, frame: Any) -> None:
         self.out.append(frame)
@@ -200,6 +227,15 @@ class Dialer:
                 "uri": self.uri, "state": self.state, "endpoint": self.endpoint,
                 "peer": self.peer, "conn": self.conn, "attempts": self.attempts,
                 "connects": self.connects, "last_error": self.last_error}
+
+
+def _producer_scope(hello: Hello, user: str | None) -> str:
+    """A client's producer scope: from the secret key its hello carries (stable across
+    its reconnects, so a resend after failover is still a duplicate), else random."""
+    key = hello.options.get("producer_key")
+    if type(key) is not str or not 16 <= len(key) <= 256:
+        key = secrets.token_urlsafe(16)
+    return producer_scope(key, user)
 
 
 def _dial_targets(uri: str, key: str) -> list[tuple[Failover | Static, str]]:
@@ -629,6 +665,16 @@ class BrokerNode:
                         # the peer refused one request of ours (a forward it would not
                         # take, an advisory it may not hear): logged, the link stays up
                         continue
+                if kind is Send and c.kind is _CLIENT:
+                    # its id becomes this producer's own on this destination (no one
+                    # can squat it; the same id elsewhere is another message)
+                    scope = c.scopes.get(frame.dst)
+                    if scope is None:
+                        if len(c.scopes) >= 4096:
+                            c.scopes.clear()
+                        scope = c.scopes[frame.dst] = destination_scope(c.producer,
+                                                                        frame.dst)
+                    frame.id = f"{frame.id}{SCOPE_SEP}{scope}"
                 guard = c.guard
                 if guard is not None and not guard.screen(cid, frame, actions):
                     continue
@@ -691,6 +737,7 @@ class BrokerNode:
                                            broker_id=self.broker_id,
                                            name=self.config.broker.name,
                                            options={"heartbeat_interval": hb} if hb else {})))
+            c.producer = _producer_scope(hello, c.user)
             actions += self.site.client_connected(c.id, now)
             return
         # a broker link
@@ -843,6 +890,8 @@ class BrokerNode:
                     continue
                 if type(a) is Out:
                     frame = a.frame
+                    if c.producer is not None and type(frame) in _ANSWERS:
+                        frame = _unscoped(frame)   # a client hears its own ids back
                     c.out.append(frame)
                     if len(c.out) > c.high_water:
                         self.log.warning("conn.overflow", conn=c.id, queued=len(c.out))
@@ -951,12 +1000,14 @@ class BrokerNode:
 
     def _log_event(self, a: Log) -> None:
         if self._event_sink is not None:
-            self._event_sink(a.event, a.fields)
+            fields = a.fields
+            self._event_sink(a.event, _client_ids(fields) if a.event.startswith("message.")
+                             else fields)
             return
         event = a.event
         if event.startswith("message."):
             if self._message_events:
-                self.log.info(event, **a.fields)
+                self.log.info(event, **_client_ids(a.fields))
         else:
             self.log.info(event, **a.fields)
 

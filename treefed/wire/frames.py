@@ -320,7 +320,8 @@ LIMITS: dict[str, dict[str, tuple]] = {
                   connector=(None, 64), node_type=(None, 64), ancestry=(None, MAX_PATH),
                   link_name=(None, MAX_NAME), username=(None, MAX_NAME),
                   password=(None, MAX_NAME)),
-    "Send": dict(dst=(None, MAX_NAME), id=(None, MAX_NAME), priority=(0, 9),
+    # a client's id gets its producer scope appended (wire/ids.py): room for it
+    "Send": dict(dst=(None, MAX_NAME), id=(None, MAX_NAME - 64), priority=(0, 9),
                  ttl=(0, 2 ** 53), reply_to=(None, MAX_NAME)),
     "Subscribe": dict(id=(None, MAX_NAME), dst=(None, MAX_NAME), prefetch=(0, 1_000_000),
                       priority=(-1000, 1000)),
