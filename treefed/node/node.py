@@ -67,6 +67,14 @@ broker; a failure is logged without the password, waits the Authenticator's dela
 before the Site, against permissions and, on tree child links, the child's scope.
 Links we dialed are not screened: we chose the peer, and TLS verified it.
 
+Containment (issue #12).  No exception raised while handling one connection's frames
+ends the process: that connection gets ``internal_error`` and is closed, the failure is
+logged with its traceback (``conn.failed``), the frames before it still count.  A store
+failure other than "full" is retried message by message, so only the message the store
+cannot take is refused.  A client's Send id gets its producer scope appended here
+(``wire/ids.py``); Receipts and refusals to clients name the client's own id.  ``stat``
+answers one page (``stat_pages.py``) that fits a frame.
+
 Garbage collection.  Messages, frames and actions are freed by reference counting; the
 cyclic collector finds little.  But with its default young threshold (700 allocations)
 it runs every couple of hundred messages, and its older generations then rescan every
