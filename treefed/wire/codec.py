@@ -448,11 +448,37 @@ def _check_limits(name: str, limits: tuple, values: Any, offset: int) -> None:
                              code="bad_field")
 
 
+def _limits_checker(cls: type) -> Any:
+    """A straight-line function ``(item, n) -> bool``: True when every limited field of
+    a type-valid CBOR item ``[code, *fields]`` of length ``n`` is within its limits.
+    Generated once per frame type: a loop over the limits table costs a decoded frame
+    several times more (this is the per-message path).  On False the caller runs
+    ``_check_limits`` for the message."""
+    lines = ["def check(v, n):"]
+    for i, _, low, high, text in _limits(cls):
+        j = i + 1
+        lines.append(f"    if n <= {j}: return True")
+        lines.append(f"    x = v[{j}]")
+        if not text:
+            lines.append(f"    if not {low!r} <= x <= {high!r}: return False")
+        elif SPECS[cls][i].kind == "strlist":
+            lines.append(f"    if x and (len(x) > {high} or max(map(len, x)) > {MAX_NAME}):"
+                         " return False")
+        elif SPECS[cls][i].kind == "str?":
+            lines.append(f"    if x is not None and len(x) > {high}: return False")
+        else:
+            lines.append(f"    if len(x) > {high}: return False")
+    lines.append("    return True")
+    namespace: dict = {}
+    exec("\n".join(lines), namespace)   # noqa: S102 - generated from the LIMITS table
+    return namespace["check"]
+
+
 #: code -> (class, class name, ((field name, fast types, check), ...), required count,
 #:          valid signatures, ((item index, check) of container fields, ...),
-#:          range / length limits (see ``_limits``)).
+#:          range / length limits (see ``_limits``), their generated checker).
 _DECODERS: dict[int, tuple[type, str, tuple[tuple[str, frozenset, Any], ...], int,
-                           frozenset, tuple[tuple[int, Any], ...], tuple]] = {
+                           frozenset, tuple[tuple[int, Any], ...], tuple, Any]] = {
     code: (
         cls,
         cls.__name__,
@@ -462,6 +488,7 @@ _DECODERS: dict[int, tuple[type, str, tuple[tuple[str, frozenset, Any], ...], in
         tuple((i + 1, _CHECKS[s.kind]) for i, s in enumerate(SPECS[cls])
               if s.kind in _DEEP_KINDS),
         _limits(cls),
+        _limits_checker(cls),
     )
     for code, cls in BY_CODE.items()
 }
@@ -477,7 +504,7 @@ def _build(item: Any) -> Frame:
     entry = _DECODERS.get(code) if type(code) is int else None
     if entry is None:
         raise FrameError(f"unknown frame type code {code!r}", code="unknown_type")
-    cls, name, fields, n_required, signatures, deep, limits = entry
+    cls, name, fields, n_required, signatures, deep, limits, within = entry
     if tuple(map(type, item)) in signatures:
         # The common case: one set lookup validates every scalar field at once.
         n = len(item)
@@ -487,8 +514,8 @@ def _build(item: Any) -> Frame:
                     check(item[i])
                 except _Bad as bad:
                     raise _bad_field(name, fields[i - 1][0], bad) from None
-        if limits:
-            _check_limits(name, limits, item, 1)
+        if not within(item, len(item)):
+            _check_limits(name, limits, item, 1)   # raises, naming the field
         return cls(*item[1:])
     values = item[1:]
     n = len(values)
