@@ -294,6 +294,17 @@ class NodeMachine(RuleBasedStateMachine):
         for sub, msg in last.items():
             self._feed(who, encode(Ack(sub, msg, True)))
 
+    @rule(who=st.sampled_from([p[0] for p in PEERS]), how=st.booleans())
+    def leaves(self, who: str, how: bool) -> None:
+        """Says bye, or vanishes (EOF); it comes back with its next frame."""
+        if how:
+            self._feed(who, encode(Bye("done")))
+            return
+        c = self.conns[who]
+        if not c.dead:
+            trio.run(self.node._handle_batch, [(c, _EOF)], None)
+        self._collect()
+
     def teardown(self) -> None:
         if hasattr(self, "store"):
             self.store.close()

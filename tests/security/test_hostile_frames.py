@@ -16,12 +16,11 @@ import pytest
 import trio
 
 from treefed.client import connect
-from treefed.errors import FrameError, StoreError
+from treefed.errors import FrameError
 from treefed.persistence import SqliteStore
 from treefed.wire.codec import FrameDecoder, encode
+from treefed.wire.frames import MAX_NAME, MAX_PATH, Error, Receipt, Send
 from treefed.wire.ids import original
-from treefed.wire.frames import (MAX_NAME, MAX_PATH, PROTOCOL_VERSION, Error, Hello,
-                                 Receipt, Send)
 
 from tests.node.helpers import RawPeer, make_config, start_node
 from tests.security.canary import open_canary

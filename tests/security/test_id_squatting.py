@@ -15,7 +15,7 @@ import trio
 from treefed.client import connect
 from treefed.persistence import SqliteStore
 from treefed.wire.codec import encode
-from treefed.wire.frames import PROTOCOL_VERSION, Deliver, Hello, Receipt, Send
+from treefed.wire.frames import PROTOCOL_VERSION, Hello, Receipt, Send
 from treefed.wire.ids import SCOPE_SEP, destination_scope, original, producer_scope
 
 from tests.node.helpers import RawPeer, make_config, port_of, start_node
