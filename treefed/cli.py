@@ -50,6 +50,10 @@ _DELEGATED_HELP = {
 }
 
 
+#: Seconds the client commands wait for a first connection (a failover: URI retries).
+CONNECT_TIMEOUT = 10.0
+
+
 def build_parser() -> argparse.ArgumentParser:
     import treefed
 
@@ -89,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stat", help="print a broker's statistics as JSON")
     _connection_options(p)
     p.add_argument("uri")
+    p.add_argument("--section", default="all",
+                   choices=("all", "summary", "destinations", "consumers", "conns", "links",
+                            "connectors"),
+                   help="what to show (default all; summary: figures and list totals)")
+    p.add_argument("--match", default=None, metavar="PATTERN",
+                   help="only destinations (and their consumers) matching PATTERN, "
+                        "e.g. 'queue://Store.s1.>'")
 
     p = sub.add_parser("passwd", help="print a password hash for [[security.user]]")
     p.add_argument("--stdin", action="store_true",
@@ -124,6 +135,9 @@ def _connection_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key", default=None, help="key of --cert (default: inside --cert)")
     p.add_argument("--no-check-hostname", action="store_true",
                    help="ssl://: do not match the certificate to the host name")
+    p.add_argument("--connect-timeout", type=float, default=CONNECT_TIMEOUT, metavar="S",
+                   help="give up when no broker answered within S seconds, retries of a "
+                        f"failover: URI included (default {CONNECT_TIMEOUT:g})")
 
 
 def _connect(args: argparse.Namespace, client_id: str) -> Any:
@@ -141,7 +155,7 @@ def _connect(args: argparse.Namespace, client_id: str) -> Any:
                                      check_hostname=not args.no_check_hostname,
                                      where="--tls")
     return connect(args.uri, client_id=client_id, username=args.user, password=password,
-                   ssl_context=ssl_context)
+                   ssl_context=ssl_context, connect_timeout=args.connect_timeout)
 
 
 def _passwd(args: argparse.Namespace) -> int:
@@ -179,7 +193,7 @@ def _headers(pairs: Sequence[str]) -> dict:
     for pair in pairs:
         key, eq, value = pair.partition("=")
         if not eq or not key:
-            raise SystemExit(f"treefed: --header wants KEY=VALUE, got {pair!r}")
+            raise _UsageError(f"--header wants KEY=VALUE, got {pair!r}")
         headers[key] = _header_value(value)
     return headers
 
@@ -224,7 +238,8 @@ async def _consume(args: argparse.Namespace) -> int:
 
 async def _stat(args: argparse.Namespace) -> int:
     async with _connect(args, "treefed-stat") as conn:
-        stats = await conn.stat()
+        # paged: a big broker's statistics do not fit one frame (issue #12)
+        stats = await conn.stat_all(args.section, match=args.match)
     print(json.dumps(stats, indent=2, sort_keys=True, default=str))
     return 0
 
@@ -248,13 +263,44 @@ def _delegate(command: str, argv: list[str]) -> int:
     return int(result or 0)
 
 
+class _UsageError(SystemExit):
+    """A command line that cannot work (exit status 2, like argparse's own errors)."""
+
+
+def _check_usage(args: argparse.Namespace) -> str | None:
+    """What is wrong with a client command's arguments, or None."""
+    if getattr(args, "connect_timeout", 1.0) <= 0:
+        return "--connect-timeout must be > 0"
+    if args.command == "send":
+        if args.count < 0:
+            return "--count must be >= 0"
+        if not 0 <= args.priority <= 9:
+            return f"--priority must be 0..9, not {args.priority}"
+        if args.ttl < 0:
+            return f"--ttl must be >= 0, not {args.ttl}"
+    if args.command == "consume":
+        if args.count < 0:
+            return "--count must be >= 0"
+        if args.timeout is not None and args.timeout < 0:
+            return "--timeout must be >= 0"
+    return None
+
+
 def _run_client(coro_fn: Any, args: argparse.Namespace) -> int:
     import trio
 
-    from treefed.errors import TreefedError
+    from treefed.errors import LocalError, TreefedError
 
+    problem = _check_usage(args)
+    if problem is not None:
+        print(f"treefed {args.command}: {problem}", file=sys.stderr)
+        return 2
     try:
         return trio.run(coro_fn, args)
+    except (_UsageError, LocalError) as exc:   # a bad URI, header, certificate path...
+        text = exc.message if isinstance(exc, LocalError) else str(exc)
+        print(f"treefed {args.command}: {text}", file=sys.stderr)
+        return 2
     except TreefedError as exc:
         print(f"treefed {args.command}: {exc.message} [{exc.code}]", file=sys.stderr)
         return 1
@@ -290,9 +336,6 @@ def _main(argv: Sequence[str] | None) -> int:
 
         return run_broker(config)
     if args.command == "send":
-        if args.count < 0:
-            print("treefed send: --count must be >= 0", file=sys.stderr)
-            return 2
         return _run_client(_send, args)
     if args.command == "consume":
         return _run_client(_consume, args)

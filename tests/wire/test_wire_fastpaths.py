@@ -118,10 +118,10 @@ deliveries = st.builds(
     headers=st.dictionaries(st.text(max_size=5), st.one_of(
         st.none(), st.integers(-(2**63), 2**64 - 1), st.text(max_size=5)), max_size=3),
     body=st.binary(max_size=300),
-    persistent=st.booleans(), priority=st.integers(0, 300), redelivered=st.integers(0, 30),
+    persistent=st.booleans(), priority=st.integers(0, 9), redelivered=st.integers(0, 30),
     reply_to=st.one_of(st.none(), st.text(max_size=30)),
-    timestamp=st.one_of(st.just(0.0), st.floats(allow_nan=False)),
-    expires=st.one_of(st.just(0.0), st.floats(allow_nan=False)),
+    timestamp=st.one_of(st.just(0.0), st.floats(0.0, 1e11)),
+    expires=st.one_of(st.just(0.0), st.floats(0.0, 1e11)),
 )
 
 

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from treefed.errors import FrameError
 from treefed.wire import SPECS, FrameDecoder, encode, encode_many
+from treefed.wire.frames import LIMITS
 
 PROFILE = settings(max_examples=150, deadline=None,
                    suppress_health_check=[HealthCheck.too_slow])
@@ -41,8 +42,18 @@ KIND_STRATEGIES = {
 }
 
 
+def _field_strategy(cls: type, spec) -> st.SearchStrategy:
+    """A valid value: of the field's kind and within its ``LIMITS`` range (issue #12)."""
+    low, high = LIMITS[cls.__name__].get(spec.name, (None, None))
+    if low is None:
+        return KIND_STRATEGIES[spec.kind]
+    if spec.kind == "int":
+        return st.integers(low, high)
+    return st.floats(low, high)
+
+
 def frame_strategy(cls: type) -> st.SearchStrategy:
-    fields = {spec.name: KIND_STRATEGIES[spec.kind] for spec in SPECS[cls]}
+    fields = {spec.name: _field_strategy(cls, spec) for spec in SPECS[cls]}
     return st.builds(cls, **fields)
 
 

@@ -40,8 +40,10 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 import random
 import re
+import secrets
 import ssl
 import uuid
 from collections import deque
@@ -59,6 +61,7 @@ from treefed.transport.uri import Endpoint, Failover, parse_uri
 from treefed.transport.framed import FramedStream
 from treefed.transport.streams import open_tcp
 from treefed.wire.codec import DEFAULT_MAX_FRAME, check_hello
+from treefed.wire.ids import SCOPE_SEP, original
 from treefed.wire.frames import (PROTOCOL_VERSION, Ack, Admin, Bye, Deliver, Error, Hello, Nack,
                                  Ping, Pong, Receipt, Send, StatReply, StatRequest,
                                  Subscribe, Unsubscribe)
@@ -67,6 +70,13 @@ __all__ = ["connect", "Connection", "Subscription", "ReceivedMessage", "Connecti
            "remote_error"]
 
 _RECEIVE_SIZE = 256 * 1024
+#: Entries per page ``stat_all`` asks for (the broker may answer fewer: a page must fit
+#: one frame).
+_STAT_PAGE = 10_000
+#: Seconds a peer has to answer our hello before we call it no treefed broker.
+HELLO_TIMEOUT = 10.0
+#: Error codes of a peer that is not a treefed broker (said as they are, not "refused").
+_NOT_A_BROKER = ("not_a_broker", "hello_timeout")
 #: ``ref`` of the Error refusing a StatRequest (security.guard.STAT_REF)
 _STAT_REF = "stat"
 #: A producer that does not wait yields to the writer once this many frames are queued:
@@ -153,7 +163,8 @@ class ReceivedMessage:
         self._conn = conn
         self._gen = gen
 
-    id = property(lambda self: self.frame.msg, doc="message id (producer:sequence)")
+    id = property(lambda self: original(self.frame.msg),
+                  doc="message id as its producer chose it (producer:sequence)")
     dst = property(lambda self: self.frame.dst, doc="destination it was sent to")
     body = property(lambda self: self.frame.body)
     headers = property(lambda self: self.frame.headers)
@@ -199,7 +210,7 @@ class ReceivedMessage:
         if not self.frame.reply_to:
             raise LocalError(f"message {self.frame.msg} has no reply_to", code="no_reply_to")
         h = dict(headers) if headers else {}
-        h["correlation_id"] = self.frame.msg
+        h["correlation_id"] = original(self.frame.msg)
         return await self._conn.send(self.frame.reply_to, body, headers=h)
 
     def as_dict(self) -> dict:
@@ -209,7 +220,7 @@ class ReceivedMessage:
             body: Any = f.body.decode("utf-8")
         except UnicodeDecodeError:
             body = f.body.hex()
-        return {"id": f.msg, "dst": f.dst, "headers": f.headers, "body": body,
+        return {"id": original(f.msg), "dst": f.dst, "headers": f.headers, "body": body,
                 "persistent": f.persistent, "priority": f.priority,
                 "redelivered": f.redelivered, "reply_to": f.reply_to,
                 "timestamp": f.timestamp, "expires": f.expires}
@@ -371,7 +382,7 @@ class Connection:
                  max_frame: int = DEFAULT_MAX_FRAME, high_water: int = 8192,
                  max_unconfirmed: int = 8192, username: str | None = None,
                  password: str | None = None, ssl_context: ssl.SSLContext | None = None,
-                 ) -> None:
+                 hello_timeout: float = HELLO_TIMEOUT) -> None:
         target = parse_uri(uri)
         if not isinstance(target, (Endpoint, Failover)):
             raise LocalError(f"{uri!r}: a client connects to tcp://, ssl:// or failover:",
@@ -382,7 +393,14 @@ class Connection:
         self._password = password
         self._ssl_context = ssl_context           # ssl:// endpoints; None = system CAs
         self._target = target
+        self._hello_timeout = hello_timeout       # a peer that never says hello is not
+        #                                           a treefed broker (an HTTP server, a
+        #                                           silent port): a clear error, in time
+        self.last_error: BaseException | None = None   # why the last attempt failed
         self._producer = f"{client_id or 'p'}-{uuid.uuid4().hex[:12]}"
+        # secret sent in every hello: the broker scopes our message ids by its hash, so
+        # nobody else can squat them and our resends after a failover stay duplicates
+        self._producer_key = secrets.token_urlsafe(24)
         self._seq = 0
         self._sub_seq = 0
         self._max_frame = max_frame
@@ -499,8 +517,10 @@ class Connection:
                 waiter = self._receipt_waiters[last] = _Waiter()
             try:
                 await waiter.wait()
-            except RemoteError:
-                pass  # reported below with the other refusals
+            except RemoteError as exc:
+                # our waiter took this refusal (so _on_error did not queue it): report
+                # it below with the others -- never swallow it (issue #12, defect 6)
+                self._refused.append(exc)
         if self._refused:
             first = self._refused.popleft()
             self._refused.clear()
@@ -555,14 +575,19 @@ class Connection:
         finally:
             self._reply_waiters.pop(msg_id, None)
 
-    async def stat(self, what: str = "all") -> dict:
-        """The broker's statistics (connections, destinations, consumers, links)."""
+    async def stat(self, what: str = "all", *, match: str | None = None, offset: int = 0,
+                   limit: int = 0) -> dict:
+        """The broker's statistics (connections, destinations, consumers, links): one
+        page of them.  ``what``: all | summary | destinations | consumers | conns | links
+        | connectors; ``match`` keeps destinations (and their consumers) matching a
+        pattern; ``offset`` / ``limit`` page the lists.  ``reply["pages"]`` says per list
+        its total and the ``next`` offset (None: complete).  See ``stat_all``."""
         self._check_open()
         if not self._ready.is_set():
             await self._wait_ready()
         waiter = _Waiter()
         self._stat_waiters.append(waiter)
-        self._queue(StatRequest(what))
+        self._queue(StatRequest(what, match, offset, limit))
         return await waiter.wait()
 
     async def admin(self, command: str, **args: Any) -> dict:
@@ -575,6 +600,29 @@ class Connection:
         self._stat_waiters.append(waiter)   # answered in order, like stat
         self._queue(Admin(command, args))
         return await waiter.wait()
+
+    async def stat_all(self, what: str = "all", *, match: str | None = None) -> dict:
+        """Every page of ``stat(what, match=...)`` merged into one dict: a broker with
+        40,000 destinations answers in pages that each fit a frame."""
+        stats = await self.stat(what, match=match, limit=_STAT_PAGE)
+        for section, info in list(stats.get("pages", {}).items()):
+            if what not in ("all", section):
+                continue
+            while info.get("next") is not None:
+                page = await self.stat(section, match=match, offset=info["next"],
+                                       limit=_STAT_PAGE)
+                items = page.get(section)
+                if isinstance(items, dict):
+                    stats.setdefault(section, {}).update(items)
+                elif isinstance(items, list):
+                    stats.setdefault(section, []).extend(items)
+                info = page["pages"][section]
+                if not info.get("returned"):
+                    break   # the list shrank under us: what we have is all there is
+            stats["pages"][section] = {"total": len(stats.get(section) or ()), "offset": 0,
+                                       "returned": len(stats.get(section) or ()),
+                                       "next": None}
+        return stats
 
     async def flush(self) -> None:
         """Wait until every queued frame has been written to the socket."""
@@ -659,8 +707,7 @@ class Connection:
             while not self._closing:
                 delay = backoff.next_delay(self._rng)
                 if delay is None:
-                    raise ConnectionClosed(
-                        f"cannot connect to {self.uri}: {last_error or 'no attempts left'}")
+                    raise ConnectionClosed(_cannot_connect(self.uri, last_error))
                 if delay:
                     await trio.sleep(delay)
                 # one attempt = one sweep over the endpoints; the one we just lost goes
@@ -677,10 +724,11 @@ class Connection:
                         opened = await self._open(endpoint)
                         break
                     except _SOCKET_ERRORS as exc:
-                        last_error = exc
+                        last_error = self.last_error = exc
                     except RemoteError as exc:
                         # a failed TLS handshake is retried like an unreachable broker:
                         # under failover the next endpoint may well be fine
+                        self.last_error = exc
                         if exc.code not in ("unreachable", "tls_failed"):
                             raise
                         last_error = exc
@@ -711,7 +759,8 @@ class Connection:
                 if not isinstance(target, Failover):
                     raise ConnectionClosed(f"connection to {self.uri} lost: {last_error}")
         except RemoteError as exc:  # the broker refused our hello: retrying cannot help
-            self._fail(ConnectionClosed(f"{self.uri} refused the connection: {exc}"))
+            self._fail(ConnectionClosed(str(exc) if exc.code in _NOT_A_BROKER
+                                        else f"{self.uri} refused the connection: {exc}"))
             if not started:
                 task_status.started(exc)
         except ConnectionClosed as exc:
@@ -728,13 +777,22 @@ class Connection:
         try:
             await framed.send_frame(Hello(PROTOCOL_VERSION, "client", name=self.client_id,
                                           username=self._username,
-                                          password=self._password))
-            with trio.fail_after(30):
+                                          password=self._password,
+                                          options={"producer_key": self._producer_key}))
+            frames = None
+            with trio.move_on_after(self._hello_timeout):
                 try:
                     frames = await framed.receive_frames()
                 except trio.EndOfChannel:
                     raise _Lost("broker closed the connection during the handshake") \
                         from None
+                except FrameError as exc:
+                    raise RemoteError(f"{endpoint} is not a treefed broker: its first bytes "
+                                      f"are not a treefed frame ({exc.message})",
+                                      code="not_a_broker") from None
+            if frames is None:
+                raise RemoteError(f"{endpoint} sent no hello within {self._hello_timeout:g} "
+                                  "s: is it a treefed broker?", code="hello_timeout")
             first = frames[0]
             if type(first) is Error:
                 raise remote_error(first)
@@ -873,9 +931,12 @@ class Connection:
     def _dispatch(self, frame: Any) -> None:
         kind = type(frame)
         if kind is Receipt:
-            if self._unconfirmed.pop(frame.id, None) is not None:
+            rid = frame.id
+            if SCOPE_SEP in rid:     # a send's receipt names the broker's scoped id
+                rid = original(rid)
+            if self._unconfirmed.pop(rid, None) is not None:
                 self.confirmed_total += 1
-            waiter = self._receipt_waiters.pop(frame.id, None)
+            waiter = self._receipt_waiters.pop(rid, None)
             if waiter is not None:
                 waiter.set()
         elif kind is Error:
@@ -892,6 +953,8 @@ class Connection:
     def _on_error(self, frame: Error) -> None:
         exc = remote_error(frame)
         ref = frame.ref
+        if ref is not None and SCOPE_SEP in ref:
+            ref = original(ref)
         if ref is None:
             raise _Lost(f"broker closed the connection: [{frame.code}] {frame.message}") \
                 from exc
@@ -915,6 +978,21 @@ class Connection:
                 reply.set(error=exc)
 
 
+def _cannot_connect(uri: str, error: BaseException | None, *,
+                   within: float | None = None) -> str:
+    """One sentence saying why ``uri`` could not be reached, naming each address once
+    (the attempt's own error usually starts "cannot connect to <endpoint>")."""
+    head = f"cannot connect to {uri}" + (f" within {within:g} s" if within else "")
+    if error is None:
+        return head + ("" if within else ": no attempts left")
+    text = str(error)
+    if text.startswith("cannot connect to "):
+        if not within and text.startswith(f"cannot connect to {uri}"):
+            return text   # a bare endpoint: the attempt's message says it all
+        text = text[len("cannot connect to "):]
+    return f"{head}; last attempt: {text}"
+
+
 @asynccontextmanager
 async def connect(uri: str, *, client_id: str | None = None, username: str | None = None,
                   password: str | None = None, ssl_context: ssl.SSLContext | None = None,
@@ -924,8 +1002,12 @@ async def connect(uri: str, *, client_id: str | None = None, username: str | Non
     ``password`` go in the hello of a broker with authentication on (a refusal raises
     RemoteError(code="auth_failed")); ``ssl_context`` is used for ``ssl://`` URIs (e.g.
     ``transport.tls.client_context(ca=...)``; default: the system CAs).  ``options``:
-    ``max_frame``, ``high_water``, ``max_unconfirmed``.  Raises ConnectionClosed when
-    no broker can be reached, the broker's RemoteError when it refuses our hello."""
+    ``max_frame``, ``high_water``, ``max_unconfirmed``, ``hello_timeout`` (seconds a
+    peer has to answer our hello; longer means it is no treefed broker) and
+    ``connect_timeout`` (seconds for the first connection, retries included; default
+    none: a failover URI retries per its options).  Raises ConnectionClosed when no
+    broker can be reached, the broker's RemoteError when it refuses our hello."""
+    connect_timeout = options.pop("connect_timeout", None)
     conn = Connection(uri, client_id=client_id, username=username, password=password,
                       ssl_context=ssl_context, **options)
     failure = None
@@ -933,7 +1015,13 @@ async def connect(uri: str, *, client_id: str | None = None, username: str | Non
         async with trio.open_nursery() as nursery:
             # the supervisor reports a failed first connection instead of raising it,
             # so it reaches the caller as itself rather than inside an ExceptionGroup
-            failure = await nursery.start(conn._supervise)
+            with trio.move_on_after(math.inf if connect_timeout is None
+                                    else connect_timeout) as startup:
+                failure = await nursery.start(conn._supervise)
+            if startup.cancelled_caught:   # e.g. failover retrying for ever (issue #12)
+                failure = ConnectionClosed(_cannot_connect(
+                    uri, conn.last_error, within=connect_timeout))
+                conn._fail(failure)
             if failure is None:
                 try:
                     yield conn

@@ -51,10 +51,14 @@ from treefed.federation.routing import DOWN, ROUTES_ALL as _ROUTES
 from treefed.federation.settings import LinkSettings, TreeSettings
 from treefed.federation.sharing import Sharing
 from treefed.federation.tree import TreePolicy
-from treefed.wire.frames import PROTOCOL_VERSION, Advisory, Error, Hello, Subscribe, \
-    Unsubscribe
+from treefed.wire.frames import PROTOCOL_VERSION, Advisory, Error, Forward, ForwardAck, \
+    Hello, Subscribe, Unsubscribe
 
 __all__ = ["Site", "POLICIES", "check_tree_hello"]
+
+#: Frames that only a broker link may carry: a client sending one is refused and closed
+#: (issue #12: a client's Forward chose its own path, redelivery count and timestamp).
+LINK_ONLY_FRAMES = (Advisory, Forward, ForwardAck)
 
 #: connector kind -> policy class (chosen by name from config).
 POLICIES = MappingProxyType({"mesh": MeshPolicy, "tree": TreePolicy})
@@ -179,6 +183,9 @@ class Site:
                 return [Close(conn)] if frame.ref is None else []
             return self.broker.handle_frame(conn, frame, now)
         kind = type(frame)
+        if kind in LINK_ONLY_FRAMES:
+            return [Close(conn, Error("bad_frame", f"{kind.__name__} frames belong on broker "
+                                                   "links; a client may not send them"))]
         if kind is Subscribe:
             return self._subscribe(conn, frame, now)
         if kind is Unsubscribe:

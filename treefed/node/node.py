@@ -76,6 +76,14 @@ closed (``overflow``).  The core caps held message bytes (``max_memory_bytes``);
 SQLite store, waiting persistent bodies are paged out after a commit and read back here
 (``_page_in``) before the batch that sends them commits.
 
+Containment (issue #12).  No exception raised while handling one connection's frames
+ends the process: that connection gets ``internal_error`` and is closed, the failure is
+logged with its traceback (``conn.failed``), the frames before it still count.  A store
+failure other than "full" is retried message by message, so only the message the store
+cannot take is refused.  A client's Send id gets its producer scope appended here
+(``wire/ids.py``); Receipts and refusals to clients name the client's own id.  ``stat``
+answers one page (``stat_pages.py``) that fits a frame.
+
 Garbage collection.  Messages, frames and actions are freed by reference counting; the
 cyclic collector finds little.  But with its default young threshold (700 allocations)
 it runs every couple of hundred messages, and its older generations then rescan every
@@ -90,6 +98,7 @@ import dataclasses
 import functools
 import gc
 import random
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -117,7 +126,10 @@ from treefed.transport.framed import FramedStream
 from treefed.transport.streams import connect_with_retry, open_tcp, peer_address, serve_tcp
 from treefed.transport.tls import peer_identity, serve_tls
 from treefed.transport.uri import Endpoint, Failover, Static, parse_uri
-from treefed.wire.codec import check_hello
+from treefed.node import stat_pages
+from treefed.security.guard import STAT_REF
+from treefed.wire.codec import check_hello, encode
+from treefed.wire.ids import SCOPE_SEP, destination_scope, original, producer_scope
 from treefed.wire.frames import (PROTOCOL_VERSION, Admin, Bye, Deliver, Error, Forward,
                                  ForwardAck, Hello, Ping, Pong, Receipt, Send, StatReply,
                                  StatRequest)
@@ -176,6 +188,27 @@ def _body_bytes(frames: list) -> int:
     return n
 
 
+def _client_ids(fields: dict) -> dict:
+    """Message events name a message by its producer's id (scope stripped), as the
+    producer and consumers know it."""
+    msg = fields.get("msg")
+    if type(msg) is str and SCOPE_SEP in msg:
+        fields = {**fields, "msg": original(msg)}
+    return fields
+
+
+#: frames answering a client's request by its id (the id the client chose is shown)
+_ANSWERS = frozenset((Receipt, Error))
+
+
+def _unscoped(frame: Any) -> Any:
+    if type(frame) is Receipt:
+        return Receipt(original(frame.id)) if SCOPE_SEP in frame.id else frame
+    if frame.ref is not None and SCOPE_SEP in frame.ref:
+        return Error(frame.code, frame.message, original(frame.ref))
+    return frame
+
+
 class _Conn:
     """One connection's shell-side state.  ``out`` is only appended to by the site task
     (and heartbeats); the writer swaps it for a fresh list when it wakes."""
@@ -183,7 +216,7 @@ class _Conn:
     __slots__ = ("id", "kind", "framed", "out", "wake", "high_water", "paused", "resume",
                  "closing", "dead", "writer_done", "hello", "dialer", "peer",
                  "remote", "opened", "last_rx", "pinged", "user", "guard", "scope", "rtt",
-                 "out_bytes")
+                 "out_bytes", "producer", "scopes")
 
     def __init__(self, conn_id: str, framed: FramedStream, remote: str,
                  dialer: Dialer | None) -> None:
@@ -211,6 +244,9 @@ class _Conn:
         self.scope: trio.CancelScope | None = None  # its tasks: a dead peer is cut off
         #                                     at once (a half-open socket never drains)
         self.rtt: float | None = None       # seconds from our last ping to its pong
+        self.producer: str | None = None    # a client's producer scope: appended to the
+        #                                     ids it sends (wire/ids.py, issue #12)
+        self.scopes: dict[str, str] = {}    # destination text -> its scope (a cache)
 
     def queue(self, frame: Any) -> None:
         self.out.append(frame)
@@ -243,6 +279,15 @@ class Dialer:
                 "uri": self.uri, "state": self.state, "endpoint": self.endpoint,
                 "peer": self.peer, "conn": self.conn, "attempts": self.attempts,
                 "connects": self.connects, "last_error": self.last_error}
+
+
+def _producer_scope(hello: Hello, user: str | None) -> str:
+    """A client's producer scope: from the secret key its hello carries (stable across
+    its reconnects, so a resend after failover is still a duplicate), else random."""
+    key = hello.options.get("producer_key")
+    if type(key) is not str or not 16 <= len(key) <= 256:
+        key = secrets.token_urlsafe(16)
+    return producer_scope(key, user)
 
 
 def _dial_targets(uri: str, key: str) -> list[tuple[Failover | Static, str]]:
@@ -668,7 +713,11 @@ class BrokerNode:
             except trio.WouldBlock:
                 pass
             async with self._batch_lock:
-                await self._handle_batch(batch, deadline)
+                try:
+                    await self._handle_batch(batch, deadline)
+                except Exception as exc:   # last resort: log it, keep serving (#12)
+                    self.log.error("site.batch_failed", error=repr(exc), exc_info=exc,
+                                   conns=sorted({c.id for c, _ in batch}))
 
     async def _handle_batch(self, batch: list, deadline: float | None) -> None:
         """Feed one batch to the Site, then perform all it asked for (one commit)."""
@@ -678,7 +727,10 @@ class BrokerNode:
             if type(payload) is list:
                 self._inbox_bytes -= _body_bytes(payload)
                 if not c.dead:
-                    self._handle_frames(c, payload, now, actions)
+                    try:
+                        self._handle_frames(c, payload, now, actions)
+                    except Exception as exc:
+                        self._failed(c, exc, now, actions)
             elif payload is _EOF:
                 self._forget(c, now, actions)
             else:
@@ -706,7 +758,7 @@ class BrokerNode:
                 cid = c.id
             elif kind is StatRequest:
                 if c.guard is None or c.guard.screen(cid, frame, actions):
-                    actions.append(Out(cid, StatReply(self.statistics())))
+                    actions.append(Out(cid, self._stat_reply(frame)))
             elif kind is Admin:
                 if c.guard is None or c.guard.screen(cid, frame, actions):
                     actions.append(Out(cid, self._admin(frame, now, actions)))
@@ -726,6 +778,16 @@ class BrokerNode:
                         # the peer refused one request of ours (a forward it would not
                         # take, an advisory it may not hear): logged, the link stays up
                         continue
+                if kind is Send and c.kind is _CLIENT:
+                    # its id becomes this producer's own on this destination (no one
+                    # can squat it; the same id elsewhere is another message)
+                    scope = c.scopes.get(frame.dst)
+                    if scope is None:
+                        if len(c.scopes) >= 4096:
+                            c.scopes.clear()
+                        scope = c.scopes[frame.dst] = destination_scope(c.producer,
+                                                                        frame.dst)
+                    frame.id = f"{frame.id}{SCOPE_SEP}{scope}"
                 guard = c.guard
                 if guard is not None and not guard.screen(cid, frame, actions):
                     continue
@@ -735,6 +797,23 @@ class BrokerNode:
                         return
                     continue
                 actions += site.handle_frame(cid, frame, now)
+
+    def _stat_reply(self, request: StatRequest) -> StatReply | Error:
+        """One page of statistics (``node.stat_pages``), sized to fit a frame: a page
+        whose encoding would pass ``max_frame_bytes`` is asked again, smaller."""
+        stats = self.statistics()
+        limit = request.limit
+        while True:
+            try:
+                page = stat_pages.select(stats, request.what, match=request.match,
+                                         offset=request.offset, limit=limit)
+            except RemoteError as exc:
+                return Error(exc.code, exc.message, STAT_REF)
+            reply = StatReply(page)
+            returned = max((p["returned"] for p in page["pages"].values()), default=0)
+            if returned <= 1 or len(encode(reply)) <= self.config.broker.max_frame_bytes:
+                return reply
+            limit = max(1, returned // 4)
 
     def _refuse_when_full(self, c: _Conn, frame: Any, actions: list) -> bool:
         """The store is full: a producer's persistent send is refused (it may retry); a
@@ -771,6 +850,7 @@ class BrokerNode:
                                            broker_id=self.broker_id,
                                            name=self.config.broker.name,
                                            options={"heartbeat_interval": hb} if hb else {})))
+            c.producer = _producer_scope(hello, c.user)
             actions += self.site.client_connected(c.id, now)
             return
         # a broker link
@@ -878,6 +958,17 @@ class BrokerNode:
         if not c.dead:
             actions.append(Close(c.id, Error(exc.code, exc.message)))
 
+    def _failed(self, c: _Conn, exc: Exception, now: float, actions: list) -> None:
+        """Handling a frame of ``c`` raised (a bug, or input no check foresaw): only
+        that connection pays -- it gets ``internal_error`` and is closed, the failure is
+        logged with its traceback; the actions of its earlier frames still happen."""
+        self.log.error("conn.failed", conn=c.id, remote=c.remote, error=repr(exc),
+                       exc_info=exc)
+        if not c.dead:
+            actions.append(Close(c.id, Error("internal_error",
+                                             f"the broker could not handle a frame: "
+                                             f"{type(exc).__name__}")))
+
     def _forget(self, c: _Conn, now: float, actions: list) -> None:
         """The Site forgets ``c`` (once); its writer flushes and ends."""
         if not c.closing:
@@ -957,6 +1048,8 @@ class BrokerNode:
                     continue
                 if type(a) is Out:
                     frame = a.frame
+                    if c.producer is not None and type(frame) in _ANSWERS:
+                        frame = _unscoped(frame)   # a client hears its own ids back
                     c.out.append(frame)
                     if type(frame) is Deliver and c.kind is _CLIENT and pending_cap:
                         c.out_bytes += len(frame.body) + 64
@@ -1019,6 +1112,7 @@ class BrokerNode:
         Forward of them leaves, their receipts become errors, and a link that forwarded
         one is closed instead of acked (the peer keeps its copy: store-and-forward)."""
         broker = self.site.broker
+        stores = [m for m in stores if m.id in refused]   # the others were committed
         for m in stores:
             more += broker.withdraw(m.id, m.dst, now)
         gone = {(m.id, m.dst) for m in stores}
@@ -1048,9 +1142,14 @@ class BrokerNode:
         self.commits += 1
         try:
             await self._apply(stores, deletes, consumed)
-        except StoreError as exc:
+        except Exception as exc:   # containment (issue #12): no store failure ends us
+            if not isinstance(exc, StoreError):
+                self.log.error("store.bug", error=repr(exc), exc_info=exc)
+                exc = StoreError(f"the message store failed: {exc!r}", code="store_failed")
             self.log.error("store.failed", code=exc.code, error=exc.message,
                            stores=len(stores), deletes=len(deletes))
+            if exc.code != "store_full" and len(stores) > 1:
+                return await self._commit_apart(stores, deletes, consumed)
             if exc.code == "store_full":
                 if not self.store_full:
                     self.log.warning("store.full", refused=len(stores))
@@ -1068,6 +1167,26 @@ class BrokerNode:
             self.log.info("store.space", deletes=len(deletes))
         return None
 
+    async def _commit_apart(self, stores: list, deletes: list, consumed: list) -> dict:
+        """A batch failed for a reason other than space (one message the store cannot
+        take): commit the deletes, then every message on its own, so only the culprit
+        is refused and the other producers' messages are stored and confirmed."""
+        refused: dict = {}
+        for part in ([], *([m] for m in stores)):
+            try:
+                await self._apply(part, [] if part else deletes, [] if part else consumed)
+            except Exception as exc:
+                if not isinstance(exc, StoreError):
+                    exc = StoreError(f"the message store failed: {exc!r}",
+                                     code="store_failed")
+                for m in part or stores:
+                    refused.setdefault(m.id, exc)
+                self.log.error("store.refused", code=exc.code, error=exc.message,
+                               msg=part[0].id if part else None)
+                if not part:
+                    return {m.id: exc for m in stores}   # not even the deletes: give up
+        return refused or None
+
     async def _apply(self, stores: list, deletes: list, consumed: list = ()) -> None:
         # ``consumed`` only when there are some: a store written before it existed (a
         # test double) keeps working for everything else.
@@ -1079,12 +1198,14 @@ class BrokerNode:
 
     def _log_event(self, a: Log) -> None:
         if self._event_sink is not None:
-            self._event_sink(a.event, a.fields)
+            fields = a.fields
+            self._event_sink(a.event, _client_ids(fields) if a.event.startswith("message.")
+                             else fields)
             return
         event = a.event
         if event.startswith("message."):
             if self._message_events:
-                self.log.info(event, **a.fields)
+                self.log.info(event, **_client_ids(a.fields))
         elif event in _PER_ADVISORY and not self._advisory_events:
             self.log.debug(event, **a.fields)   # one line per frame: debug only
         else:

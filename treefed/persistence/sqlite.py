@@ -300,15 +300,17 @@ class SqliteStore(MessageStore):
                 if prune:
                     db.execute(_PRUNE, (self.dedup_window,))
             db.execute("COMMIT")
-        except (sqlite3.Error, cbor2.CBOREncodeError) as exc:
+        except (sqlite3.Error, cbor2.CBOREncodeError, OverflowError, ValueError,
+                TypeError) as exc:
             # SQLite may already have rolled back (e.g. on SQLITE_FULL); finish the job so
-            # the connection is usable for the next batch.
+            # the connection is usable for the next batch.  OverflowError & co: a value
+            # sqlite3 cannot bind (an integer past 64 bits, issue #12).
             if db.in_transaction:
                 try:
                     db.execute("ROLLBACK")
                 except sqlite3.Error:
                     pass
-            if isinstance(exc, cbor2.CBOREncodeError):
+            if not isinstance(exc, sqlite3.Error):
                 raise StoreError(
                     f"message store {self.path}: a message is not encodable: {exc}",
                     code="store_encode",

@@ -23,6 +23,7 @@ unknown scheme) are never retried.
 from __future__ import annotations
 
 import functools
+import os
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -74,6 +75,15 @@ async def open_tcp(endpoint: Endpoint, *,
     return await dial_tcp(endpoint, connect_timeout)
 
 
+def _os_reason(exc: OSError) -> str:
+    """Why a connect failed, in the system's words ("Connection refused"), not trio's
+    summary "all attempts to connect to h:p failed" (which repeats the address)."""
+    errors = [e for e in getattr(exc.__cause__, "exceptions", ()) if isinstance(e, OSError)]
+    reasons = [os.strerror(e.errno) if e.errno else e.strerror
+               for e in [exc, *errors] if e.errno or e.strerror]
+    return ", ".join(dict.fromkeys(reasons)) if reasons else str(exc)
+
+
 async def dial_tcp(endpoint: Endpoint,
                    connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
                    ) -> trio.SocketStream:
@@ -83,7 +93,7 @@ async def dial_tcp(endpoint: Endpoint,
                                 else float("inf")) as scope:
             stream = await trio.open_tcp_stream(endpoint.host, endpoint.port)
     except OSError as exc:
-        raise RemoteError(f"cannot connect to {endpoint}: {exc.strerror or exc}",
+        raise RemoteError(f"cannot connect to {endpoint}: {_os_reason(exc)}",
                           code="unreachable") from exc
     if scope.cancelled_caught:
         raise RemoteError(f"cannot connect to {endpoint}: timed out after "

@@ -19,6 +19,9 @@ the frame a broker writes per message, is built by hand (cbor2 pays a Python-lev
 * Validation: a frame whose field types are all exactly as expected (one type-signature
   set lookup) only has its non-empty containers checked; any other goes field by
   field, which names what is wrong.  Both accept and refuse exactly the same frames.
+  Both then check ``frames.LIMITS``: every number field in its range, every id, name
+  and path within its length (``bad_field``), so no out-of-range value reaches the core
+  or the store.
 * The body must be exactly one CBOR item: no trailing bytes, no overrun into the next
   frame.  Tags, ``undefined`` and simple values are refused: a semantic tag would make
   cbor2 build arbitrary objects (datetimes, sets, big numbers) from peer input.
@@ -47,7 +50,7 @@ from typing import Any
 import cbor2
 
 from treefed.errors import FrameError, LocalError
-from treefed.wire.frames import BY_CODE, CODES, SPECS, Deliver, Frame, Hello
+from treefed.wire.frames import BY_CODE, CODES, LIMITS, MAX_NAME, SPECS, Deliver, Frame, Hello
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
@@ -406,10 +409,76 @@ def _signatures(specs: tuple) -> frozenset:
     return frozenset(sigs)
 
 
+def _limits(cls: type) -> tuple[tuple[int, str, Any, Any, bool], ...]:
+    """``frames.LIMITS`` of ``cls`` as ``(field index, name, low, high, is text)``;
+    a text or list field has ``low`` None and ``high`` its longest length."""
+    table = LIMITS[cls.__name__]
+    out = []
+    for i, s in enumerate(SPECS[cls]):
+        if s.name in table:
+            low, high = table[s.name]
+            out.append((i, s.name, low, high, low is None))
+    unknown = set(table) - {s.name for s in SPECS[cls]}
+    assert not unknown, f"LIMITS names unknown fields of {cls.__name__}: {unknown}"
+    return tuple(out)
+
+
+def _check_limits(name: str, limits: tuple, values: Any, offset: int) -> None:
+    """Every limited field of a type-valid item is in its range (issue #12)."""
+    n = len(values)
+    for i, field_name, low, high, text in limits:
+        i += offset
+        if i >= n:
+            break
+        v = values[i]
+        if text:
+            if v is None:
+                continue
+            if len(v) > high:
+                what = "items" if type(v) is list else "characters"
+                raise FrameError(f"{name}.{field_name}: {len(v)} {what}, at most {high}",
+                                 code="bad_field")
+            if type(v) is list:
+                for j, item in enumerate(v):
+                    if len(item) > MAX_NAME:
+                        raise FrameError(f"{name}.{field_name}: item {j} has {len(item)} "
+                                         f"characters, at most {MAX_NAME}", code="bad_field")
+        elif not low <= v <= high:   # a NaN fails both comparisons
+            raise FrameError(f"{name}.{field_name}: {v!r} is out of range {low!r}..{high!r}",
+                             code="bad_field")
+
+
+def _limits_checker(cls: type) -> Any:
+    """A straight-line function ``(item, n) -> bool``: True when every limited field of
+    a type-valid CBOR item ``[code, *fields]`` of length ``n`` is within its limits.
+    Generated once per frame type: a loop over the limits table costs a decoded frame
+    several times more (this is the per-message path).  On False the caller runs
+    ``_check_limits`` for the message."""
+    lines = ["def check(v, n):"]
+    for i, _, low, high, text in _limits(cls):
+        j = i + 1
+        lines.append(f"    if n <= {j}: return True")
+        lines.append(f"    x = v[{j}]")
+        if not text:
+            lines.append(f"    if not {low!r} <= x <= {high!r}: return False")
+        elif SPECS[cls][i].kind == "strlist":
+            lines.append(f"    if x and (len(x) > {high} or max(map(len, x)) > {MAX_NAME}):"
+                         " return False")
+        elif SPECS[cls][i].kind == "str?":
+            lines.append(f"    if x is not None and len(x) > {high}: return False")
+        else:
+            lines.append(f"    if len(x) > {high}: return False")
+    lines.append("    return True")
+    namespace: dict = {}
+    exec("\n".join(lines), namespace)   # noqa: S102 - generated from the LIMITS table
+    return namespace["check"]
+
+
 #: code -> (class, class name, ((field name, fast types, check), ...), required count,
-#:          valid signatures, ((item index, check) of container fields, ...)).
+#:          valid signatures, ((item index, check) of container fields, ...),
+#:          range / length limits (see ``_limits``), their generated checker).
 _DECODERS: dict[int, tuple[type, str, tuple[tuple[str, frozenset, Any], ...], int,
-                           frozenset, tuple[tuple[int, Any], ...]]] = {
+                           frozenset, tuple[tuple[int, Any], ...], tuple, Any]] = {
     code: (
         cls,
         cls.__name__,
@@ -418,6 +487,8 @@ _DECODERS: dict[int, tuple[type, str, tuple[tuple[str, frozenset, Any], ...], in
         _signatures(SPECS[cls]),
         tuple((i + 1, _CHECKS[s.kind]) for i, s in enumerate(SPECS[cls])
               if s.kind in _DEEP_KINDS),
+        _limits(cls),
+        _limits_checker(cls),
     )
     for code, cls in BY_CODE.items()
 }
@@ -433,7 +504,7 @@ def _build(item: Any) -> Frame:
     entry = _DECODERS.get(code) if type(code) is int else None
     if entry is None:
         raise FrameError(f"unknown frame type code {code!r}", code="unknown_type")
-    cls, name, fields, n_required, signatures, deep = entry
+    cls, name, fields, n_required, signatures, deep, limits, within = entry
     if tuple(map(type, item)) in signatures:
         # The common case: one set lookup validates every scalar field at once.
         n = len(item)
@@ -443,6 +514,8 @@ def _build(item: Any) -> Frame:
                     check(item[i])
                 except _Bad as bad:
                     raise _bad_field(name, fields[i - 1][0], bad) from None
+        if not within(item, len(item)):
+            _check_limits(name, limits, item, 1)   # raises, naming the field
         return cls(*item[1:])
     values = item[1:]
     n = len(values)
@@ -463,6 +536,8 @@ def _build(item: Any) -> Frame:
             values[i] = check(value)
         except _Bad as bad:
             raise _bad_field(name, field_name, bad) from None
+    if limits:
+        _check_limits(name, limits, values, 0)
     return cls(*values)
 
 

@@ -48,6 +48,10 @@ __all__ = [
     "SPECS",
     "CODES",
     "BY_CODE",
+    "LIMITS",
+    "MAX_NAME",
+    "MAX_PATH",
+    "MAX_EPOCH",
 ]
 
 PROTOCOL_VERSION = 1
@@ -234,7 +238,14 @@ class ForwardAck(Frame):
 
 @dataclass(slots=True)
 class StatRequest(Frame):
+    """Ask for statistics: ``what`` = all | summary | one list section; list sections
+    come in pages (``offset``, ``limit``; 0 = the broker's default) and may be filtered
+    by a destination pattern ``match`` (issue #12: a big broker's reply passed 4 MiB)."""
+
     what: str = "all"
+    match: str | None = None
+    offset: int = 0
+    limit: int = 0
 
 
 @dataclass(slots=True)
@@ -300,9 +311,55 @@ _KINDS: dict[str, dict[str, str]] = {
                     persistent="bool", priority="int", expires="float", reply_to="str?",
                     timestamp="float", redelivered="int"),
     "ForwardAck": dict(ids="strlist"),
-    "StatRequest": dict(what="str"),
+    "StatRequest": dict(what="str", match="str?", offset="int", limit="int"),
     "StatReply": dict(data="map"),
     "Admin": dict(command="str", args="map"),
+}
+
+#: Longest id, destination, subscription or broker name a frame may carry (characters).
+MAX_NAME = 4096
+#: Most broker ids in a path or an ancestry (the core drops a forward at 64 hops).
+MAX_PATH = 256
+#: Latest timestamp / expiry accepted, epoch seconds (about the year 5138).
+MAX_EPOCH = 1e11
+_INT63 = 2 ** 63 - 1
+
+#: Checked range of every number field and longest text / list per frame type (issue
+#: #12: a peer's priority 2**40, redelivered 2**63 or timestamp -1e300 must be refused
+#: at the door, not discovered by SQLite).  Numbers: ``(low, high)`` inclusive (a NaN
+#: fits no range); ``str`` / ``str?`` / ``strlist``: ``(None, longest)``.  Fields not
+#: listed (bodies, headers, admin maps, selectors) are bounded by the frame size.
+LIMITS: dict[str, dict[str, tuple]] = {
+    "Hello": dict(version=(0, 0xFFFF), broker_id=(None, MAX_NAME), name=(None, MAX_NAME),
+                  connector=(None, 64), node_type=(None, 64), ancestry=(None, MAX_PATH),
+                  link_name=(None, MAX_NAME), username=(None, MAX_NAME),
+                  password=(None, MAX_NAME)),
+    # a client's id gets its producer scope appended (wire/ids.py): room for it
+    "Send": dict(dst=(None, MAX_NAME), id=(None, MAX_NAME - 64), priority=(0, 9),
+                 ttl=(0, 2 ** 53), reply_to=(None, MAX_NAME)),
+    "Subscribe": dict(id=(None, MAX_NAME), dst=(None, MAX_NAME), prefetch=(0, 1_000_000),
+                      priority=(-1000, 1000)),
+    "Unsubscribe": dict(id=(None, MAX_NAME)),
+    "Ack": dict(sub=(None, MAX_NAME), msg=(None, MAX_NAME)),
+    "Nack": dict(sub=(None, MAX_NAME), msg=(None, MAX_NAME)),
+    "Deliver": dict(sub=(None, MAX_NAME), msg=(None, MAX_NAME), dst=(None, MAX_NAME),
+                    priority=(0, 9), redelivered=(0, 2 ** 31 - 1), reply_to=(None, MAX_NAME),
+                    timestamp=(0.0, MAX_EPOCH), expires=(0.0, MAX_EPOCH)),
+    "Receipt": dict(id=(None, MAX_NAME)),
+    "Ping": dict(token=(-_INT63 - 1, _INT63)),
+    "Pong": dict(token=(-_INT63 - 1, _INT63)),
+    "Error": dict(code=(None, 64), ref=(None, MAX_NAME)),
+    "Bye": dict(),
+    "Advisory": dict(kind=(None, 64), consumer=(None, MAX_NAME), dst=(None, MAX_NAME),
+                     origin=(None, MAX_NAME), priority=(-1000, 1000), path=(None, MAX_PATH)),
+    "Forward": dict(dst=(None, MAX_NAME), id=(None, MAX_NAME), path=(None, MAX_PATH),
+                    priority=(0, 9), expires=(0.0, MAX_EPOCH), reply_to=(None, MAX_NAME),
+                    timestamp=(0.0, MAX_EPOCH), redelivered=(0, 2 ** 31 - 1)),
+    "ForwardAck": dict(),
+    "StatRequest": dict(what=(None, 64), match=(None, MAX_NAME), offset=(0, 2 ** 31 - 1),
+                        limit=(0, 2 ** 31 - 1)),
+    "StatReply": dict(),
+    "Admin": dict(command=(None, 64)),
 }
 
 #: frame class -> wire code. Codes are part of the protocol: never renumber.
