@@ -50,7 +50,12 @@ Faults (issue #7).  A full store (``max_store_bytes`` or the disk) never stops t
 broker: the failed batch's messages are withdrawn from the core (their Deliver/Forward
 frames are not sent, receipts become ``store_full`` errors, a link that forwarded one is
 closed unacked so the peer keeps its copy), the batch's deletes are committed alone, and
-persistent input is refused at the door until a commit succeeds again.  A connection
+persistent input is refused at the door until the store says it has ``room()`` again
+(issue #12, defect 4: checked every ``SPACE_PROBE`` seconds while refusing, and at
+start-up, so space freed by acks *or* by the operator reopens the door, also after a
+restart).  Deletes never wait for room: the store spends its reserve on them, and a
+batch of deletes it still could not commit is retried with the next commit, so an acked
+message is not delivered again.  A connection
 found dead by heartbeats is cut off at once (a half-open socket never drains); its
 connector shows ``waiting`` and why.  Client hellos announce ``heartbeat_interval`` so
 clients watch the broker too.  Master/slave waiting happens before the node exists
@@ -132,6 +137,8 @@ _PENDING, _CLIENT, _LINK = "pending", "client", "link"
 _SOCKET_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 #: destinations whose persistent messages are never stored (no store_full refusal)
 _UNSTORED = ("topic://", "temp-")
+#: seconds between ``store.room()`` checks while persistent input is refused
+SPACE_PROBE = 0.5
 _STORE_FULL = StoreError("the message store is full (max_store_bytes or the disk): "
                          "persistent message refused, retry later", code="store_full")
 
@@ -269,7 +276,8 @@ class BrokerNode:
         self.batches = 0            # site-task batches handled (stat, tests)
         self.commits = 0            # store transactions
         self.store_full = False     # the last commit found the store full: persistent
-        #                             sends are refused at the door until a delete commits
+        #                             sends are refused at the door until store.room()
+        self._unsaved: tuple[list, list] = ([], [])  # deletes/consumed a full store refused
 
     def _connectors(self) -> list[tuple[LinkSettings, str, str, tuple[str, str]]]:
         out = []
@@ -294,6 +302,9 @@ class BrokerNode:
             self.store.apply([], deletes)
         self.log.info("broker.restored", messages=len(messages), discarded=len(deletes),
                       consumed=len(consumed))
+        if not self.store.room():
+            self.store_full = True
+            self.log.warning("store.full", refused=0, at="start")
         return len(messages)
 
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -331,6 +342,7 @@ class BrokerNode:
                 nursery.start_soon(self._dial_loop, dialer)
             if b.heartbeat_interval > 0:
                 nursery.start_soon(self._heartbeats, b.heartbeat_interval)
+            nursery.start_soon(self._watch_space)
             task_status.started(list(self.addresses))
             await self._stopped.wait()
             nursery.cancel_scope.cancel()
@@ -551,6 +563,19 @@ class BrokerNode:
                 elif silent >= interval:
                     c.pinged = now
                     c.queue(Ping(0))
+
+    async def _watch_space(self) -> None:
+        """While persistent input is refused (``store_full``), ask the store every
+        ``SPACE_PROBE`` seconds whether it has room again; between batches, since the
+        store serves one thread at a time."""
+        while True:
+            await trio.sleep(SPACE_PROBE)
+            if not self.store_full:
+                continue
+            async with self._batch_lock:
+                if await self._room() and self.store_full:
+                    self.store_full = False
+                    self.log.info("store.space", deletes=0)
 
     # ------------------------------------------------------------------ the site task
     async def _site_loop(self) -> None:
@@ -855,6 +880,11 @@ class BrokerNode:
         acked message must not come back after a restart — and refuses persistent input
         at the door until a later commit succeeds (deletes make room)."""
         self.commits += 1
+        unsaved_deletes, unsaved_consumed = self._unsaved
+        if unsaved_deletes or unsaved_consumed:   # refused earlier: retried first
+            deletes = unsaved_deletes + list(deletes)
+            consumed = unsaved_consumed + list(consumed)
+            self._unsaved = ([], [])
         try:
             await self._apply(stores, deletes, consumed)
         except StoreError as exc:
@@ -865,17 +895,30 @@ class BrokerNode:
                     self.log.warning("store.full", refused=len(stores))
                 self.store_full = True
                 exc = _STORE_FULL
-                if deletes and stores:
-                    try:
-                        await self._apply([], deletes, consumed)
-                    except StoreError as again:
-                        self.log.error("store.failed", code=again.code,
-                                       error=again.message, deletes=len(deletes))
+            if stores and (deletes or consumed):
+                try:
+                    await self._apply([], deletes, consumed)
+                except StoreError as again:
+                    self.log.error("store.failed", code=again.code,
+                                   error=again.message, deletes=len(deletes))
+                    self._unsaved = (list(deletes), list(consumed))
+            elif deletes or consumed:
+                self._unsaved = (list(deletes), list(consumed))
             return {m.id: exc for m in stores}
-        if self.store_full:
+        # an insert committed, or the deletes made room: open the door again
+        if self.store_full and (stores or await self._room()):
             self.store_full = False
             self.log.info("store.space", deletes=len(deletes))
         return None
+
+    async def _room(self) -> bool:
+        try:
+            if self._threaded_store:
+                return await trio.to_thread.run_sync(self.store.room)
+            return self.store.room()
+        except StoreError as exc:
+            self.log.error("store.failed", code=exc.code, error=exc.message, doing="room")
+            return False
 
     async def _apply(self, stores: list, deletes: list, consumed: list = ()) -> None:
         # ``consumed`` only when there are some: a store written before it existed (a

@@ -1,0 +1,55 @@
+"""A full disk must not wedge the broker or resurrect acked messages (issue #12, defect 4).
+
+The scenario (``full_disk_driver.py``) runs a real broker process on a real, small tmpfs
+mounted in a private mount namespace (``unshare -Urm``: no root needed where user
+namespaces are allowed).  Where that is not possible the test is skipped and says why.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TMPFS_SIZE = "24m"
+
+pytestmark = pytest.mark.slow
+
+
+def _namespace_command(mount_point: Path, *command: str) -> list[str]:
+    script = (f'mount -t tmpfs -o size={TMPFS_SIZE} tmpfs "{mount_point}" && exec "$@"')
+    return ["unshare", "-Urm", "sh", "-c", script, "sh", *command]
+
+
+def _can_mount_tmpfs(tmp_path: Path) -> str | None:
+    """None when a private tmpfs can be mounted here, else why not."""
+    if shutil.which("unshare") is None:
+        return "unshare(1) (util-linux) is not installed"
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    result = subprocess.run(_namespace_command(probe, "true"), capture_output=True,
+                            text=True, timeout=30)
+    if result.returncode:
+        return ("cannot mount a private tmpfs (unshare -Urm + mount -t tmpfs): "
+                f"{result.stderr.strip() or result.returncode}")
+    return None
+
+
+def test_full_disk_acks_commit_nothing_resurrects_and_space_returns(tmp_path):
+    why = _can_mount_tmpfs(tmp_path)
+    if why is not None:
+        pytest.skip(f"needs a small real filesystem: {why}")
+    root = tmp_path / "fs"
+    root.mkdir()
+    result = subprocess.run(
+        _namespace_command(root, sys.executable, "-m", "tests.persistence.full_disk_driver",
+                           str(root)),
+        capture_output=True, text=True, timeout=240, cwd=str(REPO))
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr[-6000:]}"
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["first"] > 20 and seen["cleared_after_s"] < 10, seen
