@@ -143,6 +143,22 @@ _STORE_FULL = StoreError("the message store is full (max_store_bytes or the disk
                          "persistent message refused, retry later", code="store_full")
 
 
+async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in one of trio's cached worker threads; waits for it even when
+    cancelled (a commit is never abandoned half-way).  ``trio.to_thread.run_sync`` does
+    the same plus a capacity limiter, a context copy and two thread renames (prctl) per
+    call — tens of µs of the broker's one thread for every commit (issue #14)."""
+    task = trio.lowlevel.current_task()
+    token = trio.lowlevel.current_trio_token()
+
+    def deliver(result: Any) -> None:
+        token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+
+    trio.lowlevel.start_thread_soon(functools.partial(fn, *args), deliver)
+    return await trio.lowlevel.wait_task_rescheduled(
+        lambda _: trio.lowlevel.Abort.FAILED)
+
+
 class _Conn:
     """One connection's shell-side state.  ``out`` is only appended to by the site task
     (and heartbeats); the writer swaps it for a fresh list when it wakes."""
@@ -914,7 +930,7 @@ class BrokerNode:
     async def _room(self) -> bool:
         try:
             if self._threaded_store:
-                return await trio.to_thread.run_sync(self.store.room)
+                return await _in_thread(self.store.room)
             return self.store.room()
         except StoreError as exc:
             self.log.error("store.failed", code=exc.code, error=exc.message, doing="room")
@@ -925,7 +941,7 @@ class BrokerNode:
         # test double) keeps working for everything else.
         args = (stores, deletes, (), consumed) if consumed else (stores, deletes)
         if self._threaded_store:
-            await trio.to_thread.run_sync(self.store.apply, *args)
+            await _in_thread(self.store.apply, *args)
         else:
             self.store.apply(*args)
 

@@ -19,6 +19,16 @@ transaction as their deletes) so a restarted broker still drops a late re-forwar
 inserts one range DELETE on ``seq`` trims the rest.  It is created IF NOT EXISTS, so a
 data dir written before it existed opens (schema version stays 1) and gains it.
 
+Checkpoints off the hot path (issue #14).  The committing connection never checkpoints
+(``wal_autocheckpoint=0``): a commit is a WAL append and, with FULL, one fsync of the WAL —
+nothing else.  After about ``CHECKPOINT_BYTES`` of committed payload it wakes the
+checkpointer, a daemon thread with its own connection that runs ``wal_checkpoint(PASSIVE)``
+(copies the WAL into the database and fsyncs it, without blocking the writer; SQLite
+restarts the WAL from its beginning at the next commit after a complete checkpoint).
+Should it fall ``CHECKPOINT_BYTES * 2`` behind (a PASSIVE checkpoint racing a busy
+writer may never complete, and the WAL only restarts after a complete one), the committing
+connection runs a RESTART checkpoint itself, so the WAL stays bounded.
+
 Durability: each ``apply`` is one explicit transaction (BEGIN ... COMMIT, executemany per
 kind) so a whole batch pays for one commit.  The journal is WAL.  With
 ``synchronous="FULL"`` (default) the WAL is fsynced at every commit: a confirmed message
@@ -39,8 +49,8 @@ file of ``reserve_bytes`` that no insert can use.  A WAL database needs free spa
 re-deliver acked messages.  When a transaction without inserts (deletes, redelivery
 counts, consumed ids) fails with ``store_full``, the store releases the reserve, commits
 it, checkpoints and truncates the WAL (the pages go back to the database file, whose
-growth the reserve also covers: ``wal_autocheckpoint`` is ``WAL_CHECKPOINT_PAGES``, less
-than the reserve) and tries to take the reserve back.  ``room()`` says whether inserts
+growth the reserve also covers: checkpoints run every ``CHECKPOINT_BYTES`` written, far
+less than the reserve) and tries to take the reserve back.  ``room()`` says whether inserts
 may be tried again: the reserve is held (re-taken if it can be) and the disk, or the
 ``max_bytes`` cap, leaves ``ROOM_MARGIN`` bytes; the node polls it while it refuses
 producers, and at start-up, so a restarted broker on a full disk refuses producers
@@ -62,6 +72,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -73,19 +84,23 @@ from treefed.errors import ConfigError, StoreError
 from treefed.persistence.base import MessageStore
 
 __all__ = ["SqliteStore", "DB_NAME", "PRUNE_EVERY", "RESERVE_NAME", "RESERVE_BYTES",
-           "IDENTITY_NAME", "ROOM_MARGIN", "WAL_CHECKPOINT_PAGES"]
+           "IDENTITY_NAME", "ROOM_MARGIN", "CHECKPOINT_BYTES"]
 
 DB_NAME = "messages.db"
 #: preallocated file whose space only deletes may use (see "Full disk")
 RESERVE_NAME = "reserve"
-RESERVE_BYTES = 4 * 1024 * 1024
+RESERVE_BYTES = 8 * 1024 * 1024
 #: the id of the broker that owns the data directory
 IDENTITY_NAME = "broker-id"
 #: free bytes (disk, or under ``max_bytes``) below which ``room()`` says no
 ROOM_MARGIN = 256 * 1024
-#: WAL pages between automatic checkpoints: bounds what a checkpoint adds to the
-#: database file, which the reserve must cover (4 KiB pages: 2 MiB < RESERVE_BYTES)
-WAL_CHECKPOINT_PAGES = 512
+#: WAL bytes (estimated per commit) between background checkpoints: bounds what a
+#: checkpoint adds to the database file, which the reserve must cover
+CHECKPOINT_BYTES = 512 * 1024
+_ROW_OVERHEAD = 128
+_COMMIT_PAGES_BYTES = 3 * 4096
+#: how long the writer's own checkpoint may wait for the checkpointer's
+_BUSY_TIMEOUT_MS = 5000
 
 # Written into the SQLite header so a foreign database is refused rather than extended.
 _APPLICATION_ID = 0x74726664  # "trfd"
@@ -171,6 +186,8 @@ class SqliteStore(MessageStore):
 
     __slots__ = ("data_dir", "path", "synchronous", "journal_mode", "dedup_window",
                  "max_bytes", "reserve_bytes", "broker_id", "_reserve_held",
+                 "_written", "_checkpointed", "_kicked", "_ckpt_wake", "_ckpt_lock",
+                 "_ckpt_thread", "_ckpt_stop",
                  "_prune_every", "_since_prune", "_db")
 
     def __init__(
@@ -194,6 +211,13 @@ class SqliteStore(MessageStore):
         self.reserve_bytes = reserve_bytes
         self.broker_id = broker_id
         self._reserve_held = False
+        self._written = 0           # bytes committed (payload + overhead), ever
+        self._checkpointed = 0      # ``_written`` when the last complete checkpoint began
+        self._kicked = 0            # ``_written`` when the checkpointer was last woken
+        self._ckpt_wake = threading.Event()
+        self._ckpt_lock = threading.Lock()   # one checkpoint at a time
+        self._ckpt_stop = False
+        self._ckpt_thread: threading.Thread | None = None
         # Prune at most every PRUNE_EVERY inserts (a small window: every ``window``), so
         # the table holds fewer than window + PRUNE_EVERY rows.  What an earlier run left
         # is unknown: the first insert after opening prunes.
@@ -215,7 +239,8 @@ class SqliteStore(MessageStore):
             # The first statement reads the header: a non-SQLite file fails right here.
             self.journal_mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             db.execute(f"PRAGMA synchronous={synchronous}")
-            db.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
+            db.execute("PRAGMA wal_autocheckpoint=0")   # the checkpointer's job
+            db.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
             if max_bytes:
                 page_size = db.execute("PRAGMA page_size").fetchone()[0]
                 db.execute(f"PRAGMA max_page_count={max(1, max_bytes // page_size)}")
@@ -323,10 +348,7 @@ class SqliteStore(MessageStore):
 
     def _checkpoint(self, db: sqlite3.Connection) -> None:
         """Copy the WAL into the database and truncate it (frees its disk space)."""
-        try:
-            db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-        except sqlite3.Error:
-            pass
+        self._checkpoint_with(db, "TRUNCATE")
 
     def room(self) -> bool:
         """May inserts be tried again?  The reserve is held (taken back if the disk
@@ -339,7 +361,7 @@ class SqliteStore(MessageStore):
         try:
             st = os.statvfs(self.data_dir)
             page_size, pages, free, cap = (
-                db.execute(f"PRAGMA {name}").fetchone()[0]
+                db.execute(f"PRAGMA {name}").fetchall()[0][0]
                 for name in ("page_size", "page_count", "freelist_count", "max_page_count"))
         except (OSError, sqlite3.Error):
             return False
@@ -481,6 +503,55 @@ class SqliteStore(MessageStore):
             raise _store_error(exc, self.path, "apply") from exc
         if consumed:
             self._since_prune = 0 if prune else self._since_prune + len(consumed)
+        # what the commit appended to the WAL, roughly: a few whole pages (table, index,
+        # sqlite_sequence) plus each row twice over (row page + index/overflow pages)
+        self._written += (_COMMIT_PAGES_BYTES
+                          + 2 * sum(len(m.body) + _ROW_OVERHEAD for m in stores)
+                          + _ROW_OVERHEAD * (len(deletes) + len(redelivered) + len(consumed)))
+        written = self._written
+        if written - self._checkpointed >= 2 * CHECKPOINT_BYTES:
+            # the checkpointer does not keep up: wait for its run, then checkpoint here
+            with self._ckpt_lock:
+                self._checkpoint_with(db, "RESTART")
+        elif written - max(self._checkpointed, self._kicked) >= CHECKPOINT_BYTES:
+            self._kicked = written
+            self._kick_checkpointer()
+
+    # ------------------------------------------------------------ checkpoints
+    def _checkpoint_with(self, db: sqlite3.Connection, mode: str) -> bool:
+        """One checkpoint on ``db``; True when it copied the whole WAL."""
+        began = self._written
+        try:
+            busy, log, done = db.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()[0]
+        except sqlite3.Error:
+            return False
+        if not busy and done == log:
+            self._checkpointed = max(self._checkpointed, began)
+            return True
+        return False
+
+    def _kick_checkpointer(self) -> None:
+        if self._ckpt_thread is None:
+            self._ckpt_thread = threading.Thread(target=self._checkpointer, daemon=True,
+                                                 name=f"checkpoint {self.data_dir.name}")
+            self._ckpt_thread.start()
+        self._ckpt_wake.set()
+
+    def _checkpointer(self) -> None:
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error:
+            return   # the writer checkpoints itself when it falls behind
+        try:
+            while True:
+                self._ckpt_wake.wait()
+                self._ckpt_wake.clear()
+                if self._ckpt_stop:
+                    return
+                with self._ckpt_lock:
+                    self._checkpoint_with(db, "PASSIVE")
+        finally:
+            db.close()
 
     def stats(self) -> dict[str, Any]:
         db = self._conn()
@@ -504,6 +575,11 @@ class SqliteStore(MessageStore):
         }
 
     def close(self) -> None:
+        thread, self._ckpt_thread = self._ckpt_thread, None
+        if thread is not None:
+            self._ckpt_stop = True
+            self._ckpt_wake.set()
+            thread.join()
         db, self._db = self._db, None
         if db is not None:
             try:
