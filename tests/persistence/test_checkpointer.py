@@ -1,14 +1,14 @@
-"""Checkpoints off the commit path (issue #14): the committing connection never
-checkpoints; a background thread does, and the WAL stays bounded."""
+"""Checkpoints off the receipt path (issue #14): a commit never checkpoints by itself;
+``checkpoint_due`` / ``checkpoint`` let the node do it after the receipts are queued, and
+a store whose caller never does still keeps its WAL bounded."""
 
 from __future__ import annotations
 
 import os
-import threading
 
 from treefed.core.message import Message
 from treefed.persistence import SqliteStore
-from treefed.persistence.sqlite import CHECKPOINT_BYTES, RESERVE_BYTES
+from treefed.persistence.sqlite import CHECKPOINT_BYTES
 
 
 def _msgs(prefix: str, n: int, size: int) -> list[Message]:
@@ -16,33 +16,36 @@ def _msgs(prefix: str, n: int, size: int) -> list[Message]:
             for i in range(n)]
 
 
-def _checkpointers() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("checkpoint ")]
+def _sizes(store: SqliteStore) -> tuple[int, int]:
+    return os.stat(f"{store.path}-wal").st_size, os.stat(store.path).st_size
 
 
-def test_wal_stays_bounded_and_the_database_receives_the_pages(tmp_path):
-    before = len(_checkpointers())
-    store = SqliteStore(tmp_path, synchronous="NORMAL")
-    size = 4096
-    total = 8 * CHECKPOINT_BYTES // size
-    for m in _msgs("a", total, size):          # one commit per message, as a lone sender
-        store.apply([m], [])
-    wal = os.stat(f"{store.path}-wal").st_size
-    db = os.stat(store.path).st_size
-    # without checkpoints the WAL would hold every commit (~20 MiB: each 4 KiB row costs
-    # about five WAL pages) and the database nothing; the bound is what the reserve covers
-    assert wal < RESERVE_BYTES, (wal, db)
-    assert db > 2 * CHECKPOINT_BYTES, (wal, db)
-    assert len(_checkpointers()) == before + 1
-    assert [m.id for m in store.load()][-1] == f"a{total - 1}"
-    store.close()
-    assert len(_checkpointers()) == before      # close joins it
+def test_commits_do_not_checkpoint_until_asked(tmp_path):
+    with SqliteStore(tmp_path, synchronous="NORMAL") as store:
+        n = 0
+        while not store.checkpoint_due():
+            store.apply(_msgs(f"a{n}-", 1, 4096), [])
+            n += 1
+        wal, db = _sizes(store)
+        assert db <= 16 * 4096, "a commit checkpointed by itself"
+        assert wal >= CHECKPOINT_BYTES // 8      # the estimate errs on the safe side
+        store.checkpoint()
+        assert not store.checkpoint_due()
+        assert _sizes(store)[1] >= CHECKPOINT_BYTES // 8    # the pages reached the database
+        store.apply(_msgs("b", 1, 10), [])
+        assert _sizes(store)[0] <= wal                   # the WAL restarted, not grew
+        assert len(store.load()) == n + 1
+
+
+def test_wal_stays_bounded_when_nobody_checkpoints(tmp_path):
+    with SqliteStore(tmp_path, synchronous="NORMAL") as store:
+        total = 5 * CHECKPOINT_BYTES // 4096
+        for m in _msgs("a", total, 4096):   # one commit per message, as a lone sender
+            store.apply([m], [])
+        wal, db = _sizes(store)
+        # without checkpoints the WAL would hold every commit (~50 MiB: each 4 KiB row
+        # costs about five WAL pages) and the database nothing
+        assert wal < 4 * CHECKPOINT_BYTES, (wal, db)
+        assert db > CHECKPOINT_BYTES // 2, (wal, db)
     with SqliteStore(tmp_path) as again:
         assert len(again.load()) == total
-
-
-def test_a_closed_store_never_started_a_checkpointer(tmp_path):
-    before = len(_checkpointers())
-    with SqliteStore(tmp_path) as store:
-        store.apply(_msgs("b", 3, 10), [])
-    assert len(_checkpointers()) == before

@@ -861,6 +861,13 @@ class BrokerNode:
                         c.out.append(a.error)
                     self._forget(c, now, more)
             actions = more
+        if self._threaded_store and self._checkpoint_due():
+            # the receipts are queued: the writers send them while the WAL is copied
+            await _in_thread(self.store.checkpoint)
+
+    def _checkpoint_due(self) -> bool:
+        due = getattr(self.store, "checkpoint_due", None)
+        return due is not None and due()
 
     def _take_back(self, refused: dict, stores: list, deferred: list, now: float,
                    more: list) -> list:

@@ -19,15 +19,14 @@ transaction as their deletes) so a restarted broker still drops a late re-forwar
 inserts one range DELETE on ``seq`` trims the rest.  It is created IF NOT EXISTS, so a
 data dir written before it existed opens (schema version stays 1) and gains it.
 
-Checkpoints off the hot path (issue #14).  The committing connection never checkpoints
+Checkpoints off the receipt path (issue #14).  ``apply`` never checkpoints on its own
 (``wal_autocheckpoint=0``): a commit is a WAL append and, with FULL, one fsync of the WAL —
-nothing else.  After about ``CHECKPOINT_BYTES`` of committed payload it wakes the
-checkpointer, a daemon thread with its own connection that runs ``wal_checkpoint(PASSIVE)``
-(copies the WAL into the database and fsyncs it, without blocking the writer; SQLite
-restarts the WAL from its beginning at the next commit after a complete checkpoint).
-Should it fall ``CHECKPOINT_BYTES * 2`` behind (a PASSIVE checkpoint racing a busy
-writer may never complete, and the WAL only restarts after a complete one), the committing
-connection runs a RESTART checkpoint itself, so the WAL stays bounded.
+nothing else.  Once about ``CHECKPOINT_BYTES`` were committed, ``checkpoint_due()`` says so
+and the caller runs ``checkpoint()`` (PASSIVE: copy the WAL into the database, fsync it;
+the next commit restarts the WAL from its beginning) when it suits it — the node does it
+in the worker thread right after the batch's receipts are queued, so they leave while the
+checkpoint runs.  A caller that never does is covered: at ``2 * CHECKPOINT_BYTES`` behind,
+``apply`` checkpoints after its commit, so the WAL stays bounded (the reserve covers it).
 
 Durability: each ``apply`` is one explicit transaction (BEGIN ... COMMIT, executemany per
 kind) so a whole batch pays for one commit.  The journal is WAL.  With
@@ -72,7 +71,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -96,11 +94,9 @@ IDENTITY_NAME = "broker-id"
 ROOM_MARGIN = 256 * 1024
 #: WAL bytes (estimated per commit) between background checkpoints: bounds what a
 #: checkpoint adds to the database file, which the reserve must cover
-CHECKPOINT_BYTES = 512 * 1024
+CHECKPOINT_BYTES = 2 * 1024 * 1024
 _ROW_OVERHEAD = 128
 _COMMIT_PAGES_BYTES = 3 * 4096
-#: how long the writer's own checkpoint may wait for the checkpointer's
-_BUSY_TIMEOUT_MS = 5000
 
 # Written into the SQLite header so a foreign database is refused rather than extended.
 _APPLICATION_ID = 0x74726664  # "trfd"
@@ -186,8 +182,7 @@ class SqliteStore(MessageStore):
 
     __slots__ = ("data_dir", "path", "synchronous", "journal_mode", "dedup_window",
                  "max_bytes", "reserve_bytes", "broker_id", "_reserve_held",
-                 "_written", "_checkpointed", "_kicked", "_ckpt_wake", "_ckpt_lock",
-                 "_ckpt_thread", "_ckpt_stop",
+                 "_written", "_checkpointed",
                  "_prune_every", "_since_prune", "_db")
 
     def __init__(
@@ -213,11 +208,6 @@ class SqliteStore(MessageStore):
         self._reserve_held = False
         self._written = 0           # bytes committed (payload + overhead), ever
         self._checkpointed = 0      # ``_written`` when the last complete checkpoint began
-        self._kicked = 0            # ``_written`` when the checkpointer was last woken
-        self._ckpt_wake = threading.Event()
-        self._ckpt_lock = threading.Lock()   # one checkpoint at a time
-        self._ckpt_stop = False
-        self._ckpt_thread: threading.Thread | None = None
         # Prune at most every PRUNE_EVERY inserts (a small window: every ``window``), so
         # the table holds fewer than window + PRUNE_EVERY rows.  What an earlier run left
         # is unknown: the first insert after opening prunes.
@@ -239,8 +229,7 @@ class SqliteStore(MessageStore):
             # The first statement reads the header: a non-SQLite file fails right here.
             self.journal_mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             db.execute(f"PRAGMA synchronous={synchronous}")
-            db.execute("PRAGMA wal_autocheckpoint=0")   # the checkpointer's job
-            db.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+            db.execute("PRAGMA wal_autocheckpoint=0")   # see checkpoint()
             if max_bytes:
                 page_size = db.execute("PRAGMA page_size").fetchone()[0]
                 db.execute(f"PRAGMA max_page_count={max(1, max_bytes // page_size)}")
@@ -508,16 +497,18 @@ class SqliteStore(MessageStore):
         self._written += (_COMMIT_PAGES_BYTES
                           + 2 * sum(len(m.body) + _ROW_OVERHEAD for m in stores)
                           + _ROW_OVERHEAD * (len(deletes) + len(redelivered) + len(consumed)))
-        written = self._written
-        if written - self._checkpointed >= 2 * CHECKPOINT_BYTES:
-            # the checkpointer does not keep up: wait for its run, then checkpoint here
-            with self._ckpt_lock:
-                self._checkpoint_with(db, "RESTART")
-        elif written - max(self._checkpointed, self._kicked) >= CHECKPOINT_BYTES:
-            self._kicked = written
-            self._kick_checkpointer()
+        if self._written - self._checkpointed >= 2 * CHECKPOINT_BYTES:
+            self._checkpoint_with(db, "PASSIVE")   # nobody called checkpoint(): bound the WAL
 
     # ------------------------------------------------------------ checkpoints
+    def checkpoint_due(self) -> bool:
+        """True once ``CHECKPOINT_BYTES`` were committed since the last checkpoint."""
+        return self._written - self._checkpointed >= CHECKPOINT_BYTES
+
+    def checkpoint(self) -> None:
+        """Copy the WAL into the database (PASSIVE); the next commit restarts the WAL."""
+        self._checkpoint_with(self._conn(), "PASSIVE")
+
     def _checkpoint_with(self, db: sqlite3.Connection, mode: str) -> bool:
         """One checkpoint on ``db``; True when it copied the whole WAL."""
         began = self._written
@@ -529,29 +520,6 @@ class SqliteStore(MessageStore):
             self._checkpointed = max(self._checkpointed, began)
             return True
         return False
-
-    def _kick_checkpointer(self) -> None:
-        if self._ckpt_thread is None:
-            self._ckpt_thread = threading.Thread(target=self._checkpointer, daemon=True,
-                                                 name=f"checkpoint {self.data_dir.name}")
-            self._ckpt_thread.start()
-        self._ckpt_wake.set()
-
-    def _checkpointer(self) -> None:
-        try:
-            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error:
-            return   # the writer checkpoints itself when it falls behind
-        try:
-            while True:
-                self._ckpt_wake.wait()
-                self._ckpt_wake.clear()
-                if self._ckpt_stop:
-                    return
-                with self._ckpt_lock:
-                    self._checkpoint_with(db, "PASSIVE")
-        finally:
-            db.close()
 
     def stats(self) -> dict[str, Any]:
         db = self._conn()
@@ -575,11 +543,6 @@ class SqliteStore(MessageStore):
         }
 
     def close(self) -> None:
-        thread, self._ckpt_thread = self._ckpt_thread, None
-        if thread is not None:
-            self._ckpt_stop = True
-            self._ckpt_wake.set()
-            thread.join()
         db, self._db = self._db, None
         if db is not None:
             try:
