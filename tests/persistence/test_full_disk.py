@@ -53,3 +53,43 @@ def test_full_disk_acks_commit_nothing_resurrects_and_space_returns(tmp_path):
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr[-6000:]}"
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen["first"] > 20 and seen["cleared_after_s"] < 10, seen
+
+
+class _FullFile:
+    """A text stream whose writes fail like a full disk's, until ``room`` is set."""
+
+    def __init__(self) -> None:
+        self.room = False
+        self.lines: list[str] = []
+
+    def write(self, text: str) -> int:
+        if not self.room:
+            raise OSError(28, "No space left on device")
+        self.lines.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.room:
+            raise OSError(28, "No space left on device")
+
+    def isatty(self) -> bool:
+        return False
+
+
+def test_a_log_write_on_a_full_disk_does_not_raise():
+    """The broker's log often shares the data directory's disk: a full disk must cost
+    log lines, never the process (it did: OSError out of structlog ended the broker)."""
+    from treefed.log import configure_logging, get_logger
+
+    out = _FullFile()
+    configure_logging("info", file=out)
+    try:
+        log = get_logger(broker="b")
+        log.warning("store.full", refused=1)       # must not raise
+        log.info("still.serving")
+        out.room = True
+        log.info("space.back")
+        assert '"lines":2' in out.lines[0] and "log.dropped" in out.lines[0]
+        assert "space.back" in out.lines[1]
+    finally:
+        configure_logging("warning")

@@ -131,6 +131,12 @@ GC_YOUNG_THRESHOLD = 10_000
 #: Password checks (scrypt: ~16 MiB and ~0.1 s each) running at once, so a flood of
 #: logins costs bounded memory and leaves CPU for the traffic.
 AUTH_THREADS = 4
+#: A batch's commit runs on the site task itself, not in a worker thread, while commits
+#: have been taking less than this (moving average, seconds) and the batch is small: a
+#: fast disk's fsync costs less than waking a worker thread and coming back (issue #14).
+#: One slow commit (a disk stall) sends the next ones back to the thread.
+INLINE_COMMIT_S = 0.0003
+INLINE_MAX_ROWS = 64
 
 _EOF = object()          # inbox marker: the peer closed or the socket broke
 _PENDING, _CLIENT, _LINK = "pending", "client", "link"
@@ -294,6 +300,8 @@ class BrokerNode:
         self.store_full = False     # the last commit found the store full: persistent
         #                             sends are refused at the door until store.room()
         self._unsaved: tuple[list, list] = ([], [])  # deletes/consumed a full store refused
+        self.commit_seconds = 1.0   # moving average of commit durations (starts "slow")
+        self.inline_commits = 0     # commits run on the site task (stat, tests)
 
     def _connectors(self) -> list[tuple[LinkSettings, str, str, tuple[str, str]]]:
         out = []
@@ -947,10 +955,23 @@ class BrokerNode:
         # ``consumed`` only when there are some: a store written before it existed (a
         # test double) keeps working for everything else.
         args = (stores, deletes, (), consumed) if consumed else (stores, deletes)
-        if self._threaded_store:
-            await _in_thread(self.store.apply, *args)
-        else:
+        if not self._threaded_store:
             self.store.apply(*args)
+        elif (self.commit_seconds < INLINE_COMMIT_S
+              and len(stores) + len(deletes) + len(consumed) <= INLINE_MAX_ROWS):
+            self.inline_commits += 1
+            self._timed_apply(args)
+        else:
+            await _in_thread(self._timed_apply, args)
+
+    def _timed_apply(self, args: tuple) -> None:
+        """``store.apply(*args)``, its duration folded into ``commit_seconds``."""
+        began = time.perf_counter()
+        try:
+            self.store.apply(*args)
+        finally:
+            took = time.perf_counter() - began
+            self.commit_seconds += (took - self.commit_seconds) * 0.2
 
     def _log_event(self, a: Log) -> None:
         if self._event_sink is not None:
@@ -978,6 +999,7 @@ class BrokerNode:
                           for c in self._conns.values() if not c.dead]
         stats["batches"] = self.batches
         stats["commits"] = self.commits
+        stats["inline_commits"] = self.inline_commits
         stats["store_full"] = self.store_full
         if self._auth is not None or self._tree_scope is not None:
             stats["security"] = {
