@@ -18,7 +18,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 TMPFS_SIZE = "24m"
 
-pytestmark = pytest.mark.slow
 
 
 def _namespace_command(mount_point: Path, *command: str) -> list[str]:
@@ -40,6 +39,7 @@ def _can_mount_tmpfs(tmp_path: Path) -> str | None:
     return None
 
 
+@pytest.mark.slow   # real broker processes, a kill -9 and two restarts
 def test_full_disk_acks_commit_nothing_resurrects_and_space_returns(tmp_path):
     why = _can_mount_tmpfs(tmp_path)
     if why is not None:
