@@ -12,6 +12,11 @@ What it measures (one JSON line on stdout):
 * ``persistent_msgs_per_s`` — N persistent messages (SQLite, WAL, synchronous=FULL),
   the producer pipelining sends and counting receipts; first send to last receipt, with
   the consumer acking (deleting) concurrently.
+* ``persistent_sync_msgs_per_s`` — persistent sends ONE AT A TIME (issue #14): each
+  ``send`` waits for the receipt, i.e. for the commit (fsync of the WAL with
+  synchronous=FULL), before the next is sent — the JMS default; with the receipt round
+  trip's p50/p99 and the broker's CPU per message.  ActiveMQ 5.17's figure for the same
+  path on the same machine is ``ACTIVEMQ_SINGLE_P_SYNC`` (source below); the target is 2x.
 * ``p50_ms_at_1000`` / ``p99_ms_at_1000`` — one-way latency of non-persistent messages
   offered at 1,000 msgs/s (producer send time in a header; CLOCK_MONOTONIC is shared
   by the processes), next to the bare relay's at the same rate.
@@ -43,6 +48,10 @@ import time
 
 BODY = b"x" * 100
 DEST = "queue://bench.throughput"
+#: ActiveMQ Classic 5.17.2, one broker, persistent sync sends (KahaDB, fsync always),
+#: 100-byte messages, Java JMS client, same 2-vCPU machine.  Source: issue #14's
+#: side-by-side table (anchors/treefed-vs-activemq/results/tables.md, best repetition).
+ACTIVEMQ_SINGLE_P_SYNC = 3_508
 
 
 # --------------------------------------------------------------------------- processes
@@ -191,6 +200,28 @@ def _consumer(uri: str, count: int, ready: mp.Queue, result: mp.Queue,
     trio.run(consume)
 
 
+def _sync_producer(uri: str, count: int, result: mp.Queue) -> None:
+    """Persistent sends one at a time: each waits for its receipt."""
+    import trio
+
+    from treefed.client import connect
+
+    async def produce() -> None:
+        async with connect(uri, client_id="bench-sync-producer") as conn:
+            result.put(("start", time.monotonic()))
+            cpu = _cpu()
+            rtt = []
+            for _ in range(count):
+                began = time.monotonic()
+                await conn.send(DEST, BODY, persistent=True)
+                rtt.append(time.monotonic() - began)
+            result.put(("confirmed", time.monotonic()))
+            result.put(("rtt", rtt))
+            result.put(("producer_cpu", _cpu() - cpu))
+
+    trio.run(produce)
+
+
 def _producer(uri: str, count: int, persistent: bool, rate: float, result: mp.Queue) -> None:
     import trio
 
@@ -291,6 +322,21 @@ def run_broker_phase(ctx: mp.context.BaseContext, broker: BrokerUnderTest, count
     return got
 
 
+def run_sync_phase(ctx: mp.context.BaseContext, broker: BrokerUnderTest, count: int) -> dict:
+    ready, result = ctx.Queue(), ctx.Queue()
+    consumer = ctx.Process(target=_consumer, args=(broker.uri, count, ready, result, False))
+    consumer.start()
+    ready.get(timeout=30)
+    cpu = broker.cpu()
+    producer = ctx.Process(target=_sync_producer, args=(broker.uri, count, result))
+    producer.start()
+    got = _collect(result, {"start", "end", "confirmed", "rtt", "producer_cpu",
+                            "consumer_cpu"})
+    got["broker_cpu"] = broker.cpu() - cpu
+    _finish(producer, consumer)
+    return got
+
+
 def _quantiles_ms(samples: list[float]) -> tuple[float, float]:
     # the first tenth is warm-up (connections, caches)
     q = statistics.quantiles(sorted(samples[len(samples) // 10:]), n=100,
@@ -303,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=100_000,
                         help="messages per throughput phase")
     parser.add_argument("--latency-seconds", type=float, default=5.0)
+    parser.add_argument("--sync-count", type=int, default=10_000,
+                        help="persistent messages sent one at a time")
     parser.add_argument("--rounds", type=int, default=3,
                         help="relay / non-persistent broker phases, alternated; medians "
                              "are reported (a shared machine's load drifts)")
@@ -322,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                 np_round = run_broker_phase(ctx, broker, n)
                 rounds.append((relay_round, np_round))
             pp = run_broker_phase(ctx, broker, n, persistent=True)
+            sp = run_sync_phase(ctx, broker, args.sync_count)
             lp = run_broker_phase(ctx, broker, lat_count, rate=1000.0)
         finally:
             broker.close()
@@ -353,6 +402,12 @@ def main(argv: list[str] | None = None) -> int:
                    for r, b in zip(relay_rates, broker_rates)],
         "persistent_msgs_per_s": round(persistent),
         "persistent_delivered_msgs_per_s": round(n / (pp["end"] - pp["start"])),
+        "persistent_sync_msgs_per_s": round(args.sync_count / (sp["confirmed"] - sp["start"])),
+        "persistent_sync_rtt_p50_ms": _quantiles_ms(sp["rtt"])[0],
+        "persistent_sync_rtt_p99_ms": _quantiles_ms(sp["rtt"])[1],
+        "broker_cpu_us_per_msg_persistent_sync": round(
+            sp["broker_cpu"] / args.sync_count * 1e6, 2),
+        "activemq_single_p_sync_msgs_per_s": ACTIVEMQ_SINGLE_P_SYNC,
         "p50_ms_at_1000": p50,
         "p99_ms_at_1000": p99,
         "baseline_p50_ms_at_1000": relay_p50,
@@ -379,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
         "nonpersistent_ge_half_baseline": figures["nonpersistent_over_baseline"] >= 0.5,
         "persistent_ge_10000": persistent >= 10_000,
         "p99_lt_5ms": p99 < 5.0,
+        "persistent_sync_ge_2x_activemq": args.sync_count / (sp["confirmed"] - sp["start"])
+        >= 2 * ACTIVEMQ_SINGLE_P_SYNC,
     }
     print(json.dumps(figures))
     return 0

@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("broker", help="run one site's broker")
     p.add_argument("--config", required=True, help="broker config file (TOML)")
+    p.add_argument("--init", action="store_true",
+                   help="accept an empty (0-byte) or missing message store as a new one")
 
     p = sub.add_parser("send", help="send messages")
     _connection_options(p)
@@ -334,7 +336,7 @@ def _main(argv: Sequence[str] | None) -> int:
             return 2
         from treefed.node import run_broker
 
-        return run_broker(config)
+        return run_broker(config, init=args.init)
     if args.command == "send":
         return _run_client(_send, args)
     if args.command == "consume":

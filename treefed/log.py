@@ -59,6 +59,37 @@ def add_schema_version(logger: Any, method: str, event_dict: dict) -> dict:
     return event_dict
 
 
+class _Tolerant:
+    """The log stream, minus its failures: a line that cannot be written (disk full, a
+    vanished file system) is counted and dropped — a log write must never end a broker
+    whose data directory shares that disk (issue #12, defect 4).  The next line that can
+    be written is preceded by how many were lost."""
+
+    __slots__ = ("_stream", "dropped", "__weakref__")   # structlog keys a lock on it
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+        self.dropped = 0
+
+    def write(self, text: str) -> None:
+        try:
+            if self.dropped:
+                self._stream.write(f'{{"event":"log.dropped","lines":{self.dropped}}}\n')
+                self.dropped = 0
+            self._stream.write(text)
+        except (OSError, ValueError):   # ValueError: the stream was closed
+            self.dropped += 1
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def isatty(self) -> bool:
+        return hasattr(self._stream, "isatty") and self._stream.isatty()
+
+
 def configure_logging(level: str = "info", *, file: str | os.PathLike | IO[str] | None = None,
                       json: bool | None = None) -> None:
     """Configure structlog for this process.
@@ -84,6 +115,7 @@ def configure_logging(level: str = "info", *, file: str | os.PathLike | IO[str] 
         stream = file
     if json is None:
         json = not (hasattr(stream, "isatty") and stream.isatty())
+    stream = _Tolerant(stream)
 
     processors: list[Any] = [
         structlog.processors.add_log_level,

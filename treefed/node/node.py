@@ -15,8 +15,8 @@ has a reader task and a writer task:
 The site task awaits the inbox once, then takes whatever else is already there without
 waiting — that is the *batch*.  It feeds each frame to the Site and performs the returned
 actions with the batching guarantee of ``core/actions.py``: all StoreMessage /
-DeleteMessage of the batch go to the store in ONE ``store.apply`` (in a worker thread:
-group commit), and only afterwards are the batch's Outs and Closes queued to writers, so
+DeleteMessage of the batch go to the store in ONE ``store.apply`` (group commit; in a
+worker thread, or on this task while commits are fast: ``INLINE_COMMIT_S``), and only afterwards are the batch's Outs and Closes queued to writers, so
 a Receipt always means "committed".  The ids of ``DeleteMessage(consumed=True)`` (a
 local consumer's ack) ride in the same transaction (``apply(..., consumed=)``) and
 ``restore`` hands ``store.load_consumed()`` back to the broker, so a copy re-forwarded
@@ -50,7 +50,12 @@ Faults (issue #7).  A full store (``max_store_bytes`` or the disk) never stops t
 broker: the failed batch's messages are withdrawn from the core (their Deliver/Forward
 frames are not sent, receipts become ``store_full`` errors, a link that forwarded one is
 closed unacked so the peer keeps its copy), the batch's deletes are committed alone, and
-persistent input is refused at the door until a commit succeeds again.  A connection
+persistent input is refused at the door until the store says it has ``room()`` again
+(issue #12, defect 4: checked every ``SPACE_PROBE`` seconds while refusing, and at
+start-up, so space freed by acks *or* by the operator reopens the door, also after a
+restart).  Deletes never wait for room: the store spends its reserve on them, and a
+batch of deletes it still could not commit is retried with the next commit, so an acked
+message is not delivered again.  A connection
 found dead by heartbeats is cut off at once (a half-open socket never drains); its
 connector shows ``waiting`` and why.  Client hellos announce ``heartbeat_interval`` so
 clients watch the broker too.  Master/slave waiting happens before the node exists
@@ -166,12 +171,20 @@ GC_YOUNG_THRESHOLD = 10_000
 AUTH_THREADS = 4
 #: Accepted links remembered after they went down (``lost_links``), oldest dropped first.
 LOST_LINKS = 10_000
+#: A batch's commit runs on the site task itself, not in a worker thread, while commits
+#: have been taking less than this (moving average, seconds) and the batch is small: a
+#: fast disk's fsync costs less than waking a worker thread and coming back (issue #14).
+#: One slow commit (a disk stall) sends the next ones back to the thread.
+INLINE_COMMIT_S = 0.0003
+INLINE_MAX_ROWS = 64
 
 _EOF = object()          # inbox marker: the peer closed or the socket broke
 _PENDING, _CLIENT, _LINK = "pending", "client", "link"
 _SOCKET_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 #: destinations whose persistent messages are never stored (no store_full refusal)
 _UNSTORED = ("topic://", "temp-")
+#: seconds between ``store.room()`` checks while persistent input is refused
+SPACE_PROBE = 0.5
 _STORE_FULL = StoreError("the message store is full (max_store_bytes or the disk): "
                          "persistent message refused, retry later", code="store_full")
 
@@ -207,6 +220,22 @@ def _unscoped(frame: Any) -> Any:
     if frame.ref is not None and SCOPE_SEP in frame.ref:
         return Error(frame.code, frame.message, original(frame.ref))
     return frame
+
+
+async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in one of trio's cached worker threads; waits for it even when
+    cancelled (a commit is never abandoned half-way).  ``trio.to_thread.run_sync`` does
+    the same plus a capacity limiter, a context copy and two thread renames (prctl) per
+    call — tens of µs of the broker's one thread for every commit (issue #14)."""
+    task = trio.lowlevel.current_task()
+    token = trio.lowlevel.current_trio_token()
+
+    def deliver(result: Any) -> None:
+        token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+
+    trio.lowlevel.start_thread_soon(functools.partial(fn, *args), deliver)
+    return await trio.lowlevel.wait_task_rescheduled(
+        lambda _: trio.lowlevel.Abort.FAILED)
 
 
 class _Conn:
@@ -375,7 +404,10 @@ class BrokerNode:
         self.batches = 0            # site-task batches handled (stat, tests)
         self.commits = 0            # store transactions
         self.store_full = False     # the last commit found the store full: persistent
-        #                             sends are refused at the door until a delete commits
+        #                             sends are refused at the door until store.room()
+        self._unsaved: tuple[list, list] = ([], [])  # deletes/consumed a full store refused
+        self.commit_seconds = 1.0   # moving average of commit durations (starts "slow")
+        self.inline_commits = 0     # commits run on the site task (stat, tests)
         self.started = time.time()  # monitoring: uptime
         self.heartbeat_misses = 0   # connections torn down for an unanswered ping
         self.monitor: Any = None    # treefed.monitor.Monitor when [monitor] listen is set
@@ -409,6 +441,9 @@ class BrokerNode:
             self.site.broker.page_out()
         self.log.info("broker.restored", messages=len(messages), discarded=len(deletes),
                       consumed=len(consumed))
+        if not self.store.room():
+            self.store_full = True
+            self.log.warning("store.full", refused=0, at="start")
         return len(messages)
 
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -454,6 +489,7 @@ class BrokerNode:
                 await nursery.start(self.monitor.serve)
             if b.heartbeat_interval > 0:
                 nursery.start_soon(self._heartbeats, b.heartbeat_interval)
+            nursery.start_soon(self._watch_space)
             task_status.started(list(self.addresses))
             await self._stopped.wait()
             nursery.cancel_scope.cancel()
@@ -689,6 +725,19 @@ class BrokerNode:
                 elif silent >= interval:
                     c.pinged = now
                     c.queue(Ping(0))
+
+    async def _watch_space(self) -> None:
+        """While persistent input is refused (``store_full``), ask the store every
+        ``SPACE_PROBE`` seconds whether it has room again; between batches, since the
+        store serves one thread at a time."""
+        while True:
+            await trio.sleep(SPACE_PROBE)
+            if not self.store_full:
+                continue
+            async with self._batch_lock:
+                if await self._room() and self.store_full:
+                    self.store_full = False
+                    self.log.info("store.space", deletes=0)
 
     # ------------------------------------------------------------------ the site task
     async def _site_loop(self) -> None:
@@ -1072,6 +1121,13 @@ class BrokerNode:
                         c.out.append(a.error)
                     self._forget(c, now, more)
             actions = more
+        if self._threaded_store and self._checkpoint_due():
+            # the receipts are queued: the writers send them while the WAL is copied
+            await _in_thread(self.store.checkpoint)
+
+    def _checkpoint_due(self) -> bool:
+        due = getattr(self.store, "checkpoint_due", None)
+        return due is not None and due()
 
     async def _page_in(self, stores: list, deferred: list) -> None:
         """Read back from the store the bodies the core paged out (core/paging.py) that
@@ -1140,6 +1196,11 @@ class BrokerNode:
         acked message must not come back after a restart — and refuses persistent input
         at the door until a later commit succeeds (deletes make room)."""
         self.commits += 1
+        unsaved_deletes, unsaved_consumed = self._unsaved
+        if unsaved_deletes or unsaved_consumed:   # refused earlier: retried first
+            deletes = unsaved_deletes + list(deletes)
+            consumed = unsaved_consumed + list(consumed)
+            self._unsaved = ([], [])
         try:
             await self._apply(stores, deletes, consumed)
         except Exception as exc:   # containment (issue #12): no store failure ends us
@@ -1155,14 +1216,18 @@ class BrokerNode:
                     self.log.warning("store.full", refused=len(stores))
                 self.store_full = True
                 exc = _STORE_FULL
-                if deletes and stores:
-                    try:
-                        await self._apply([], deletes, consumed)
-                    except StoreError as again:
-                        self.log.error("store.failed", code=again.code,
-                                       error=again.message, deletes=len(deletes))
+            if stores and (deletes or consumed):
+                try:
+                    await self._apply([], deletes, consumed)
+                except StoreError as again:
+                    self.log.error("store.failed", code=again.code,
+                                   error=again.message, deletes=len(deletes))
+                    self._unsaved = (list(deletes), list(consumed))
+            elif deletes or consumed:
+                self._unsaved = (list(deletes), list(consumed))
             return {m.id: exc for m in stores}
-        if self.store_full:
+        # an insert committed, or the deletes made room: open the door again
+        if self.store_full and (stores or await self._room()):
             self.store_full = False
             self.log.info("store.space", deletes=len(deletes))
         return None
@@ -1187,14 +1252,36 @@ class BrokerNode:
                     return {m.id: exc for m in stores}   # not even the deletes: give up
         return refused or None
 
+    async def _room(self) -> bool:
+        try:
+            if self._threaded_store:
+                return await _in_thread(self.store.room)
+            return self.store.room()
+        except StoreError as exc:
+            self.log.error("store.failed", code=exc.code, error=exc.message, doing="room")
+            return False
+
     async def _apply(self, stores: list, deletes: list, consumed: list = ()) -> None:
         # ``consumed`` only when there are some: a store written before it existed (a
         # test double) keeps working for everything else.
         args = (stores, deletes, (), consumed) if consumed else (stores, deletes)
-        if self._threaded_store:
-            await trio.to_thread.run_sync(self.store.apply, *args)
-        else:
+        if not self._threaded_store:
             self.store.apply(*args)
+        elif (self.commit_seconds < INLINE_COMMIT_S
+              and len(stores) + len(deletes) + len(consumed) <= INLINE_MAX_ROWS):
+            self.inline_commits += 1
+            self._timed_apply(args)
+        else:
+            await _in_thread(self._timed_apply, args)
+
+    def _timed_apply(self, args: tuple) -> None:
+        """``store.apply(*args)``, its duration folded into ``commit_seconds``."""
+        began = time.perf_counter()
+        try:
+            self.store.apply(*args)
+        finally:
+            took = time.perf_counter() - began
+            self.commit_seconds += (took - self.commit_seconds) * 0.2
 
     def _log_event(self, a: Log) -> None:
         if self._event_sink is not None:
@@ -1363,6 +1450,7 @@ class BrokerNode:
         stats["lost_links"] = list(self.lost_links.values())
         stats["batches"] = self.batches
         stats["commits"] = self.commits
+        stats["inline_commits"] = self.inline_commits
         stats["store_full"] = self.store_full
         if self._auth is not None or self._tree_scope is not None:
             stats["security"] = {

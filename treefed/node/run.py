@@ -101,8 +101,10 @@ def _only_treefed_error(exc: BaseException) -> TreefedError | None:
     return None
 
 
-def run_broker(config: BrokerConfig) -> int:
-    """Run one broker process to completion; returns the process exit status."""
+def run_broker(config: BrokerConfig, *, init: bool = False) -> int:
+    """Run one broker process to completion; returns the process exit status.
+    ``init``: accept a 0-byte or missing message store as a new, empty one
+    (``treefed broker --init``; see persistence/sqlite.py, "Start-up and identity")."""
     configure_logging(config.logging.level, file=config.logging.file or None)
     log = get_logger(broker=config.broker.id)
     data_dir = config.broker.data_dir
@@ -132,7 +134,8 @@ def run_broker(config: BrokerConfig) -> int:
         return 1
     with lock:
         try:
-            store = SqliteStore(data_dir, max_bytes=config.broker.max_store_bytes)
+            store = SqliteStore(data_dir, max_bytes=config.broker.max_store_bytes,
+                                broker_id=me, init=init)
         except TreefedError as exc:
             log.error("broker.failed", error=exc.message, code=exc.code)
             print(f"treefed broker: {exc.message}", file=sys.stderr)

@@ -67,6 +67,11 @@ class MessageStore(abc.ABC):
     def stats(self) -> dict[str, Any]:
         """JSON-able figures; at least ``rows`` and ``disk_bytes``."""
 
+    def room(self) -> bool:
+        """May inserts be tried again after a ``store_full``?  (A store with no limit
+        of its own always says yes.)"""
+        return True
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release the store; idempotent. Later calls raise StoreError(code="store_closed")."""

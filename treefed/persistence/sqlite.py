@@ -19,6 +19,15 @@ transaction as their deletes) so a restarted broker still drops a late re-forwar
 inserts one range DELETE on ``seq`` trims the rest.  It is created IF NOT EXISTS, so a
 data dir written before it existed opens (schema version stays 1) and gains it.
 
+Checkpoints off the receipt path (issue #14).  ``apply`` never checkpoints on its own
+(``wal_autocheckpoint=0``): a commit is a WAL append and, with FULL, one fsync of the WAL —
+nothing else.  Once about ``CHECKPOINT_BYTES`` were committed, ``checkpoint_due()`` says so
+and the caller runs ``checkpoint()`` (PASSIVE: copy the WAL into the database, fsync it;
+the next commit restarts the WAL from its beginning) when it suits it — the node does it
+in the worker thread right after the batch's receipts are queued, so they leave while the
+checkpoint runs.  A caller that never does is covered: at ``2 * CHECKPOINT_BYTES`` behind,
+``apply`` checkpoints after its commit, so the WAL stays bounded (the reserve covers it).
+
 Durability: each ``apply`` is one explicit transaction (BEGIN ... COMMIT, executemany per
 kind) so a whole batch pays for one commit.  The journal is WAL.  With
 ``synchronous="FULL"`` (default) the WAL is fsynced at every commit: a confirmed message
@@ -32,6 +41,26 @@ running), ``store_corrupt`` (not a database, malformed pages, undecodable payloa
 ``store_foreign`` (some other application's SQLite file), ``store_version``, ``store_busy``,
 ``store_io``, ``store_closed``.  A failed ``apply`` is rolled back whole, and the store
 remains usable (deletes can free the space a refused insert lacked).
+
+Full disk (issue #12, defect 4).  Next to the database lies ``reserve``, a preallocated
+file of ``reserve_bytes`` that no insert can use.  A WAL database needs free space to
+*delete* (the WAL grows), so on a full disk acks would fail and every restart would
+re-deliver acked messages.  When a transaction without inserts (deletes, redelivery
+counts, consumed ids) fails with ``store_full``, the store releases the reserve, commits
+it, checkpoints and truncates the WAL (the pages go back to the database file, whose
+growth the reserve also covers: checkpoints run every ``CHECKPOINT_BYTES`` written, far
+less than the reserve) and tries to take the reserve back.  ``room()`` says whether inserts
+may be tried again: the reserve is held (re-taken if it can be) and the disk, or the
+``max_bytes`` cap, leaves ``ROOM_MARGIN`` bytes; the node polls it while it refuses
+producers, and at start-up, so a restarted broker on a full disk refuses producers
+rather than failing, and accepts them once space returns.
+
+Start-up and identity (issue #12, defect 12).  ``<data_dir>/broker-id`` records the broker
+that owns the directory (written once the schema exists).  A store opened with another
+``broker_id`` is refused (``store_identity``).  A 0-byte ``messages.db`` — a truncated
+store, whose messages are gone — and a missing one in a directory that has a
+``broker-id`` are refused (``store_empty`` / ``store_missing``) unless ``init=True``
+(``treefed broker --init``), which starts an empty store there.
 
 The connection is opened with ``check_same_thread=False`` because the node calls ``apply``
 from ``trio.to_thread.run_sync``; callers guarantee one thread at a time.  The store never
@@ -52,9 +81,22 @@ from treefed.core.message import Message
 from treefed.errors import ConfigError, StoreError
 from treefed.persistence.base import MessageStore
 
-__all__ = ["SqliteStore", "DB_NAME", "PRUNE_EVERY"]
+__all__ = ["SqliteStore", "DB_NAME", "PRUNE_EVERY", "RESERVE_NAME", "RESERVE_BYTES",
+           "IDENTITY_NAME", "ROOM_MARGIN", "CHECKPOINT_BYTES"]
 
 DB_NAME = "messages.db"
+#: preallocated file whose space only deletes may use (see "Full disk")
+RESERVE_NAME = "reserve"
+RESERVE_BYTES = 8 * 1024 * 1024
+#: the id of the broker that owns the data directory
+IDENTITY_NAME = "broker-id"
+#: free bytes (disk, or under ``max_bytes``) below which ``room()`` says no
+ROOM_MARGIN = 256 * 1024
+#: WAL bytes (estimated per commit) between background checkpoints: bounds what a
+#: checkpoint adds to the database file, which the reserve must cover
+CHECKPOINT_BYTES = 2 * 1024 * 1024
+_ROW_OVERHEAD = 128
+_COMMIT_PAGES_BYTES = 3 * 4096
 
 # Written into the SQLite header so a foreign database is refused rather than extended.
 _APPLICATION_ID = 0x74726664  # "trfd"
@@ -134,15 +176,20 @@ class SqliteStore(MessageStore):
     crash only).  ``max_bytes``: cap on the database size (0 = the disk is the limit);
     reaching it raises StoreError(code="store_full") exactly as a full disk does.
     ``dedup_window``: how many consumed ids ``load_consumed`` returns (the Broker's
-    window; 0 = none are kept).
+    window; 0 = none are kept).  ``reserve_bytes``: space kept for deletes on a full disk
+    (0 = none).  ``broker_id``: the owner recorded in the directory (None = not checked);
+    ``init``: accept a 0-byte or missing ``messages.db`` as a new, empty store.
     """
 
     __slots__ = ("data_dir", "path", "synchronous", "journal_mode", "dedup_window",
+                 "max_bytes", "reserve_bytes", "broker_id", "_reserve_held",
+                 "_written", "_checkpointed",
                  "_prune_every", "_since_prune", "_db")
 
     def __init__(
         self, data_dir: str | os.PathLike[str], *, synchronous: str = "FULL", max_bytes: int = 0,
-        dedup_window: int = 100_000,
+        dedup_window: int = 100_000, reserve_bytes: int = RESERVE_BYTES,
+        broker_id: str | None = None, init: bool = False,
     ) -> None:
         if synchronous not in _SYNCHRONOUS:
             raise ConfigError("synchronous", f"must be one of {_SYNCHRONOUS}, got {synchronous!r}")
@@ -150,10 +197,18 @@ class SqliteStore(MessageStore):
             raise ConfigError("max_bytes", f"must be >= 0, got {max_bytes}")
         if dedup_window < 0:
             raise ConfigError("dedup_window", f"must be >= 0, got {dedup_window}")
+        if reserve_bytes < 0:
+            raise ConfigError("reserve_bytes", f"must be >= 0, got {reserve_bytes}")
         self.data_dir = Path(data_dir)
         self.path = self.data_dir / DB_NAME
         self.synchronous = synchronous
         self.dedup_window = dedup_window
+        self.max_bytes = max_bytes
+        self.reserve_bytes = reserve_bytes
+        self.broker_id = broker_id
+        self._reserve_held = False
+        self._written = 0           # bytes committed (payload + overhead), ever
+        self._checkpointed = 0      # ``_written`` when the last complete checkpoint began
         # Prune at most every PRUNE_EVERY inserts (a small window: every ``window``), so
         # the table holds fewer than window + PRUNE_EVERY rows.  What an earlier run left
         # is unknown: the first insert after opening prunes.
@@ -166,6 +221,7 @@ class SqliteStore(MessageStore):
             raise StoreError(
                 f"cannot create data directory {self.data_dir}: {exc}", code="store_io"
             ) from exc
+        recorded = self._check_start(broker_id, init)
         try:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
@@ -174,6 +230,7 @@ class SqliteStore(MessageStore):
             # The first statement reads the header: a non-SQLite file fails right here.
             self.journal_mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             db.execute(f"PRAGMA synchronous={synchronous}")
+            db.execute("PRAGMA wal_autocheckpoint=0")   # see checkpoint()
             if max_bytes:
                 page_size = db.execute("PRAGMA page_size").fetchone()[0]
                 db.execute(f"PRAGMA max_page_count={max(1, max_bytes // page_size)}")
@@ -185,6 +242,126 @@ class SqliteStore(MessageStore):
             db.close()
             raise
         self._db = db
+        if broker_id and recorded is None:
+            self._record_identity(broker_id)
+        self._take_reserve()
+
+    # ------------------------------------------------------------ start-up checks
+    def _check_start(self, broker_id: str | None, init: bool) -> str | None:
+        """Refuse another broker's directory and a truncated or vanished store (see
+        "Start-up and identity"); returns the recorded owner (None: none yet)."""
+        recorded = None
+        try:
+            recorded = (self.data_dir / IDENTITY_NAME).read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            pass
+        except (OSError, UnicodeDecodeError) as exc:
+            raise StoreError(f"cannot read {self.data_dir / IDENTITY_NAME}: {exc}",
+                             code="store_io") from exc
+        if broker_id and recorded and recorded != broker_id:
+            raise StoreError(
+                f"data directory {self.data_dir} belongs to broker {recorded!r}, not "
+                f"{broker_id!r}; refusing to open another broker's message store",
+                code="store_identity")
+        try:
+            size: int | None = self.path.stat().st_size
+        except FileNotFoundError:
+            size = None
+        except OSError as exc:
+            raise StoreError(f"cannot stat {self.path}: {exc}", code="store_io") from exc
+        if size == 0 and not init:
+            raise StoreError(
+                f"message store {self.path} is empty (0 bytes): whatever it held is gone. "
+                "Refusing to start on it as if nothing had been stored; start with --init "
+                "to accept an empty store",
+                code="store_empty")
+        if size is None and recorded and not init:
+            raise StoreError(
+                f"message store {self.path} of broker {recorded!r} is missing; refusing to "
+                "start as if nothing had been stored; start with --init to begin an empty "
+                "store", code="store_missing")
+        if size == 0:   # init: a 0-byte file is a new database; so are its stale journals
+            for suffix in ("", "-wal", "-shm"):
+                try:
+                    os.unlink(f"{self.path}{suffix}")
+                except FileNotFoundError:
+                    pass
+        return recorded or None
+
+    def _record_identity(self, broker_id: str) -> None:
+        target = self.data_dir / IDENTITY_NAME
+        tmp = self.data_dir / f".{IDENTITY_NAME}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(broker_id + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise StoreError(f"cannot record the broker id in {target}: {exc}",
+                             code="store_io") from exc
+
+    # ------------------------------------------------------------ the reserve
+    def _take_reserve(self) -> bool:
+        """Hold ``reserve_bytes`` of disk in the reserve file; False when the disk has
+        not that much free (nothing is kept then)."""
+        if self._reserve_held or not self.reserve_bytes:
+            self._reserve_held = True   # nothing to hold when reserve_bytes is 0
+            return True
+        path = self.data_dir / RESERVE_NAME
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError:
+            return False
+        try:
+            os.posix_fallocate(fd, 0, self.reserve_bytes)
+            os.fsync(fd)
+        except OSError:
+            os.close(fd)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            return False
+        os.close(fd)
+        self._reserve_held = True
+        return True
+
+    def _release_reserve(self) -> None:
+        try:
+            os.unlink(self.data_dir / RESERVE_NAME)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return
+        self._reserve_held = False
+
+    def _checkpoint(self, db: sqlite3.Connection) -> None:
+        """Copy the WAL into the database and truncate it (frees its disk space)."""
+        self._checkpoint_with(db, "TRUNCATE")
+
+    def room(self) -> bool:
+        """May inserts be tried again?  The reserve is held (taken back if the disk
+        allows) and the disk — or ``max_bytes`` — leaves ``ROOM_MARGIN`` bytes free."""
+        db = self._conn()
+        if not self._reserve_held:
+            self._checkpoint(db)
+            if not self._take_reserve():
+                return False
+        try:
+            st = os.statvfs(self.data_dir)
+            page_size, pages, free, cap = (
+                db.execute(f"PRAGMA {name}").fetchall()[0][0]
+                for name in ("page_size", "page_count", "freelist_count", "max_page_count"))
+        except (OSError, sqlite3.Error):
+            return False
+        # pages freed by deletes are reused before the file grows
+        if st.f_bavail * st.f_frsize + free * page_size < ROOM_MARGIN:
+            return False
+        if self.max_bytes:
+            if (cap - pages + free) * page_size < min(ROOM_MARGIN, self.max_bytes // 4):
+                return False
+        return True
 
     def _init_schema(self, db: sqlite3.Connection) -> None:
         app_id = db.execute("PRAGMA application_id").fetchone()[0]
@@ -283,8 +460,26 @@ class SqliteStore(MessageStore):
         db = self._conn()
         if consumed and not self.dedup_window:
             consumed = ()
+        redelivered = list(redelivered)
         if not stores and not deletes and not redelivered and not consumed:
             return
+        try:
+            self._apply_once(db, stores, deletes, redelivered, consumed)
+        except StoreError as exc:
+            if exc.code != "store_full" or stores:
+                raise
+            # Nothing inserted: deletes (acks) must succeed even on a full disk — spend
+            # the reserve on them, then give the WAL's space back (see "Full disk").
+            self._checkpoint(db)
+            self._release_reserve()
+            self._apply_once(db, stores, deletes, redelivered, consumed)
+            self._checkpoint(db)
+            self._take_reserve()
+
+    def _apply_once(self, db: sqlite3.Connection, stores: Sequence[Message],
+                    deletes: Sequence[tuple[str, str]],
+                    redelivered: Sequence[tuple[str, str, int]],
+                    consumed: Sequence[str]) -> None:
         prune = False
         try:
             db.execute("BEGIN")
@@ -318,6 +513,34 @@ class SqliteStore(MessageStore):
             raise _store_error(exc, self.path, "apply") from exc
         if consumed:
             self._since_prune = 0 if prune else self._since_prune + len(consumed)
+        # what the commit appended to the WAL, roughly: a few whole pages (table, index,
+        # sqlite_sequence) plus each row twice over (row page + index/overflow pages)
+        self._written += (_COMMIT_PAGES_BYTES
+                          + 2 * sum(len(m.body) + _ROW_OVERHEAD for m in stores)
+                          + _ROW_OVERHEAD * (len(deletes) + len(redelivered) + len(consumed)))
+        if self._written - self._checkpointed >= 2 * CHECKPOINT_BYTES:
+            self._checkpoint_with(db, "PASSIVE")   # nobody called checkpoint(): bound the WAL
+
+    # ------------------------------------------------------------ checkpoints
+    def checkpoint_due(self) -> bool:
+        """True once ``CHECKPOINT_BYTES`` were committed since the last checkpoint."""
+        return self._written - self._checkpointed >= CHECKPOINT_BYTES
+
+    def checkpoint(self) -> None:
+        """Copy the WAL into the database (PASSIVE); the next commit restarts the WAL."""
+        self._checkpoint_with(self._conn(), "PASSIVE")
+
+    def _checkpoint_with(self, db: sqlite3.Connection, mode: str) -> bool:
+        """One checkpoint on ``db``; True when it copied the whole WAL."""
+        began = self._written
+        try:
+            busy, log, done = db.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()[0]
+        except sqlite3.Error:
+            return False
+        if not busy and done == log:
+            self._checkpointed = max(self._checkpointed, began)
+            return True
+        return False
 
     def stats(self) -> dict[str, Any]:
         db = self._conn()
@@ -337,6 +560,7 @@ class SqliteStore(MessageStore):
             "path": str(self.path),
             "synchronous": self.synchronous,
             "journal_mode": self.journal_mode,
+            "reserve_held": self._reserve_held,
         }
 
     def close(self) -> None:
