@@ -222,12 +222,16 @@ class _Shape:
                           duplex and not static, not static, i)
             self.ends[link.dialer].append(down)
             self.ends[link.acceptor].append(up)
+        # the two ends of link i are the i-th pair appended above
         self.peer_end: dict[int, _End] = {}
-        for b, ends in self.ends.items():
+        by_index: dict[int, list[_End]] = defaultdict(list)
+        for ends in self.ends.values():
             for e in ends:
-                for f in self.ends[e.peer]:
-                    if f.index == e.index and f.peer == b:
-                        self.peer_end[id(e)] = f
+                by_index[e.index].append(e)
+        for pair in by_index.values():
+            a, b = pair
+            self.peer_end[id(a)] = b
+            self.peer_end[id(b)] = a
         self.ancestors: dict[str, frozenset] = {}
         for b in estate.brokers:
             chain, seen, cur = [], {b}, b

@@ -1,0 +1,301 @@
+"""``treefed model``: spillage of an estate computed, not emulated.
+
+Theory of operation
+-------------------
+``treefed model SCENARIO [--mode LABEL]... [--regions N] [--stores-per-region N]
+--out DIR`` takes a scenario's topology and workload (optionally resized: the same
+estate shape at 10 x 10,000 stores), folds the estate into cells and propagates every
+consumer group's interest on Spark (``model/spark.py``) for each mode: tree and mesh at
+TTL 1, 2 and 3 by default, as ``treefed compare`` runs them.  ``--engine exact`` runs the
+plain Python walk instead (the reference; fine up to a few thousand brokers), and
+``--check`` runs both and fails (exit 1) on any difference.
+
+Written to DIR, every row marked ``source = model``:
+
+* ``model.csv`` -- one row per (scenario, mode): brokers, consumers, advisory frames
+  sent / received, refusals by reason, demand created (= held: first convergence),
+  the largest demand at one broker, and receipts split as the report splits them:
+  **sibling spill** (a store receiving interest of another store's consumer) and
+  **downward interest** (a broker receiving interest whose origin is one of its
+  ancestors: AMQ-2875 rule 4);
+* ``tiers.csv`` -- the same per (mode, tier: hq / layer / region / store);
+* ``brokers-<mode>.csv`` -- per broker (omitted with ``--no-brokers``);
+* ``model.json`` -- parameters, wall time per mode, engine.
+
+Exit status: 0, 1 (``--check`` found a difference, or the estate needs a rule the model
+does not reproduce), 2 (usage: unknown scenario or mode, bad size).  As a Spark
+application it runs under ``spark-submit treefed/model/cli.py ...`` unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Sequence
+
+try:
+    from treefed.errors import ConfigError
+except ImportError:  # spark-submit from an uninstalled checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from treefed.errors import ConfigError
+
+__all__ = ["main", "model_rows", "MODES"]
+
+MODES = ("tree", "mesh-ttl1", "mesh-ttl2", "mesh-ttl3")
+_FIGURES = ("adds_sent", "adds_received", "demand", "interest")
+
+
+def _scenario(name: str, regions: int | None, stores: int | None):
+    from treefed.scenario.compare import find_scenario, with_compared_modes
+    from treefed.scenario.spec import load_scenario
+
+    sc = with_compared_modes(load_scenario(find_scenario(name)))
+    topo = sc.topology
+    if regions is not None or stores is not None:
+        if (regions is not None and regions < 1) or (stores is not None and stores < 1):
+            raise ConfigError("size", "--regions and --stores-per-region must be >= 1")
+        topo = dataclasses.replace(topo, regions=regions or topo.regions,
+                                   stores_per_region=stores or topo.stores_per_region)
+        # a resized estate keeps the workload, not the timeline: the model computes
+        # the first convergence
+        sc = dataclasses.replace(sc, topology=topo, timeline=(),
+                                 name=f"{sc.name}@{topo.regions}x{topo.stores_per_region}")
+    return sc
+
+
+def _tiers(topology) -> dict[str, str]:
+    return {b.id: b.kind for b in topology.brokers}
+
+
+def split_receipts(folded, result, topology) -> dict[str, dict[str, int]]:
+    """Receipts per receiving cell split into sibling spill and downward interest,
+    spread over the members (figures per broker)."""
+    kind = {b.id: b.kind for b in topology.brokers}
+    parent = {b.id: b.parent for b in topology.brokers}
+
+    def ancestors(b: str) -> set:
+        out, cur = set(), parent.get(b)
+        while cur is not None:
+            out.add(cur)
+            cur = parent.get(cur)
+        return out
+
+    out: dict[str, dict[str, int]] = defaultdict(lambda: {"sibling_spill": 0,
+                                                          "downward_interest": 0})
+    anc_cache: dict[str, set] = {}
+    for cid, gid, received in result["dst"]:
+        cell = folded.cells[cid]
+        g = folded.groups[gid]
+        origin_rep = folded.cells[g.origin].members[0]
+        rep = cell.members[0]
+        n = len(cell.members)
+        share = received // n
+        if rep not in anc_cache:
+            anc_cache[rep] = ancestors(rep)
+        if kind.get(rep) == "store" and kind.get(origin_rep) == "store":
+            key = "sibling_spill"
+        elif origin_rep in anc_cache[rep]:
+            key = "downward_interest"
+        else:
+            continue
+        for b in cell.members:
+            out[b][key] += share
+    return out
+
+
+def model_rows(spark, scenario, modes: Sequence[str], *, engine: str = "spark",
+               cells: bool = True, check: bool = False, brokers_dir: Path | None = None
+               ) -> tuple[list[dict], list[dict], dict]:
+    """Run the model for ``modes`` of ``scenario``: (run rows, tier rows, timings)."""
+    from treefed.model.cells import fold
+    from treefed.model.exact import estate_from_topology, groups_from_consumers, propagate
+    from treefed.scenario.workload import build_plan
+
+    started = time.perf_counter()
+    plan = build_plan(dataclasses.replace(scenario, timeline=()))
+    groups = groups_from_consumers(plan.consumers)
+    timings = {"plan_s": round(time.perf_counter() - started, 3)}
+    tiers = _tiers(plan.topology)
+    runs, tier_rows = [], []
+    by_label = {m.label: m for m in scenario.modes}
+    for label in modes:
+        if label not in by_label:
+            raise ConfigError("mode", f"unknown mode {label!r} (have {sorted(by_label)})")
+        mode = by_label[label]
+        t0 = time.perf_counter()
+        estate = estate_from_topology(plan.topology, mode)
+        folded = fold(estate, groups, cells=cells)
+        split = None
+        if engine == "spark" or check:
+            from treefed.model.spark import per_broker, propagate_spark
+            result = propagate_spark(spark, folded)
+            counts = per_broker(folded, result)
+            split = split_receipts(folded, result, plan.topology)
+        if engine == "exact" or check:
+            exact = propagate(estate, groups)
+            if check:
+                a = exact.per_broker(estate.brokers)
+                b = counts.per_broker(estate.brokers)
+                diff = [x for x in estate.brokers if a[x] != b[x]]
+                if diff:
+                    raise AssertionError(f"{label}: model engines differ at {len(diff)} "
+                                         f"brokers, e.g. {diff[0]}: {a[diff[0]]} != "
+                                         f"{b[diff[0]]}")
+            if engine == "exact":
+                counts = exact
+                split = split_receipts(*_exact_result(folded, exact), plan.topology)
+        wall = time.perf_counter() - t0
+        timings[label] = round(wall, 3)
+        per = counts.per_broker(estate.brokers)
+        for b, row in per.items():
+            row.update(split.get(b, {"sibling_spill": 0, "downward_interest": 0}))
+        row = {"source": "model", "scenario": scenario.name, "mode": label,
+               "engine": engine, "brokers": len(estate.brokers),
+               "stores": sum(1 for b in estate.brokers if tiers[b] == "store"),
+               "consumers": len(plan.consumers), "cells": len(folded.cells),
+               "wall_s": round(wall, 3)}
+        keys = sorted({k for r in per.values() for k in r})
+        for k in keys:
+            row[k] = sum(r.get(k, 0) for r in per.values())
+        row["max_demand"] = max((r["demand"] for r in per.values()), default=0)
+        runs.append(row)
+        by_tier: dict[str, dict] = {}
+        for b, r in per.items():
+            t = by_tier.setdefault(tiers[b], {"source": "model", "scenario": scenario.name,
+                                              "mode": label, "tier": tiers[b], "brokers": 0})
+            t["brokers"] += 1
+            for k in keys:
+                t[k] = t.get(k, 0) + r.get(k, 0)
+        tier_rows += by_tier.values()
+        if brokers_dir is not None:
+            _write_csv(brokers_dir / f"brokers-{label}.csv", ["broker", "tier", *keys],
+                       [{"broker": b, "tier": tiers[b], **r} for b, r in per.items()])
+    return runs, tier_rows, timings
+
+
+def _exact_result(folded, exact) -> tuple:
+    """The exact walk's receipts per (cell, group), in the Spark result's shape."""
+    index = {}
+    for g in folded.groups:
+        for m in folded.cells[g.origin].members:
+            index[(m, g.dst(m))] = g.id
+    # the exact walk keys receipts by (broker, dst); attribute them to groups through
+    # the origin-free destination where it is unambiguous
+    dst_groups = defaultdict(set)
+    for (m, d), gid in index.items():
+        dst_groups[d].add(gid)
+    rows = defaultdict(int)
+    for (b, d), n in exact.received_by_dst.items():
+        gids = dst_groups.get(d)
+        if gids and len(gids) == 1:
+            rows[folded.cell_of[b], next(iter(gids))] += n
+    return folded, {"dst": [(c, g, n) for (c, g), n in rows.items()]}
+
+
+def _write_csv(path: Path, columns: Sequence[str], rows: list[dict]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(columns), extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: r.get(c, 0) for c in columns})
+
+
+def _spark(master: str | None, driver_memory: str):
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active, False
+    builder = SparkSession.builder.appName("treefed-model") \
+        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    master = master or (None if under_submit else "local[2]")
+    if master is not None:
+        builder = builder.master(master)
+    if master is not None and master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = builder.config("spark.driver.memory", driver_memory) \
+            .config("spark.driver.bindAddress", "127.0.0.1") \
+            .config("spark.driver.host", "127.0.0.1") \
+            .config("spark.sql.shuffle.partitions", "2") \
+            .config("spark.default.parallelism", "2")
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark, True
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="treefed model",
+                                description="compute an estate's advisory and demand "
+                                            "figures on Spark, without emulating it")
+    p.add_argument("scenario", help="scenario name or file (its topology and workload)")
+    p.add_argument("--mode", action="append", choices=MODES, dest="modes",
+                   help="mode to model (repeatable; default: all four)")
+    p.add_argument("--regions", type=int, help="resize: regions under HQ")
+    p.add_argument("--stores-per-region", type=int, help="resize: stores per region")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--engine", choices=("spark", "exact"), default="spark",
+                   help="spark (default) or the plain Python walk")
+    p.add_argument("--flat", action="store_true",
+                   help="no cells: one row per broker and route (for checking)")
+    p.add_argument("--check", action="store_true",
+                   help="run both engines and fail on any difference")
+    p.add_argument("--no-brokers", action="store_true", help="skip brokers-<mode>.csv")
+    p.add_argument("--master", default=None, help="Spark master (default local[2])")
+    p.add_argument("--driver-memory", default="3g")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from treefed.model.exact import NotModelled
+
+    try:
+        scenario = _scenario(args.scenario, args.regions, args.stores_per_region)
+    except ConfigError as exc:
+        print(f"treefed model: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    spark, owned = (None, False)
+    if args.engine == "spark" or args.check:
+        spark, owned = _spark(args.master, args.driver_memory)
+    started = time.perf_counter()
+    try:
+        runs, tiers, timings = model_rows(
+            spark, scenario, args.modes or MODES, engine=args.engine, cells=not args.flat,
+            check=args.check, brokers_dir=None if args.no_brokers else out)
+    except (NotModelled, AssertionError) as exc:
+        print(f"treefed model: {exc}", file=sys.stderr)
+        return 1
+    except ConfigError as exc:
+        print(f"treefed model: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if owned:
+            spark.stop()
+    columns = list(dict.fromkeys(k for r in runs for k in r))
+    _write_csv(out / "model.csv", columns, runs)
+    _write_csv(out / "tiers.csv", list(dict.fromkeys(k for r in tiers for k in r)), tiers)
+    meta = {"scenario": scenario.name, "regions": scenario.topology.regions,
+            "stores_per_region": scenario.topology.stores_per_region,
+            "engine": args.engine, "cells": not args.flat,
+            "wall_s": round(time.perf_counter() - started, 3), "timings": timings}
+    (out / "model.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    for r in runs:
+        print(f"{r['mode']:10} brokers {r['brokers']:>7}  frames {r['adds_sent']:>14,}  "
+              f"demand {r['demand']:>14,}  sibling spill {r['sibling_spill']:>14,}  "
+              f"{r['wall_s']:.1f} s")
+    print(f"model written to {out}")
+    return 0
+
+
+if __name__ == "__main__":  # spark-submit treefed/model/cli.py ...
+    sys.exit(main())
