@@ -35,11 +35,13 @@ _DELEGATED = {
     "scenario": "treefed.scenario.cli:main",
     "report": "treefed.analysis.job:main",
     "compare": "treefed.scenario.compare:main",
+    "model": "treefed.model.cli:main",
 }
 _DELEGATED_HELP = {
     "scenario": "run store-scale scenarios (tree and TTL modes)",
     "report": "Spark job over run logs: tables, plots, HTML",
     "compare": "run scenarios and report them: the main job",
+    "model": "compute an estate's spillage on Spark, without emulating it",
 }
 
 
