@@ -74,9 +74,9 @@ def _tiers(topology) -> dict[str, str]:
     return {b.id: b.kind for b in topology.brokers}
 
 
-def split_receipts(folded, result, topology) -> dict[str, dict[str, int]]:
-    """Receipts per receiving cell split into sibling spill and downward interest,
-    spread over the members (figures per broker)."""
+def split_receipts(folded, result, topology) -> dict[int, dict[str, int]]:
+    """Receipts per receiving cell split into sibling spill and downward interest, as
+    figures per member of the cell (every member receives the same)."""
     kind = {b.id: b.kind for b in topology.brokers}
     parent = {b.id: b.parent for b in topology.brokers}
 
@@ -87,7 +87,7 @@ def split_receipts(folded, result, topology) -> dict[str, dict[str, int]]:
             cur = parent.get(cur)
         return out
 
-    out: dict[str, dict[str, int]] = defaultdict(lambda: {"sibling_spill": 0,
+    out: dict[int, dict[str, int]] = defaultdict(lambda: {"sibling_spill": 0,
                                                           "downward_interest": 0})
     anc_cache: dict[str, set] = {}
     for cid, gid, received in result["dst"]:
@@ -95,8 +95,6 @@ def split_receipts(folded, result, topology) -> dict[str, dict[str, int]]:
         g = folded.groups[gid]
         origin_rep = folded.cells[g.origin].members[0]
         rep = cell.members[0]
-        n = len(cell.members)
-        share = received // n
         if rep not in anc_cache:
             anc_cache[rep] = ancestors(rep)
         if kind.get(rep) == "store" and kind.get(origin_rep) == "store":
@@ -105,15 +103,38 @@ def split_receipts(folded, result, topology) -> dict[str, dict[str, int]]:
             key = "downward_interest"
         else:
             continue
-        for b in cell.members:
-            out[b][key] += share
+        out[cid][key] += received // len(cell.members)
+    return out
+
+
+def cell_figures(folded, result) -> list[tuple[tuple[str, ...], dict[str, int]]]:
+    """The Spark result as (members, figures of each member) per cell: the per-broker
+    table without a row per broker (``spark.per_broker`` spreads the same figures)."""
+    from treefed.model.exact import NotModelled
+
+    out = []
+    for cell in folded.cells:
+        n = len(cell.members)
+        row = {"adds_sent": 0, "adds_received": 0, "demand": 0, "interest": 0}
+        for name, value in result["cells"].get(cell.id, {}).items():
+            if not value:
+                continue
+            if value % n:
+                raise NotModelled(f"cell {cell.id}: {name} = {value} does not split over "
+                                  f"{n} members")
+            row[name] = row.get(name, 0) + value // n
+        out.append((cell.members, row))
     return out
 
 
 def model_rows(spark, scenario, modes: Sequence[str], *, engine: str = "spark",
                cells: bool = True, check: bool = False, brokers_dir: Path | None = None
                ) -> tuple[list[dict], list[dict], dict]:
-    """Run the model for ``modes`` of ``scenario``: (run rows, tier rows, timings)."""
+    """Run the model for ``modes`` of ``scenario``: (run rows, tier rows, timings).
+
+    Figures stay per cell (members, each member's figures) all the way to the output:
+    totals and tiers are member counts times the cell's figures, and only
+    ``brokers-<mode>.csv`` writes a line per broker."""
     from treefed.model.cells import fold
     from treefed.model.exact import estate_from_topology, groups_from_consumers, propagate
     from treefed.scenario.workload import build_plan
@@ -121,63 +142,95 @@ def model_rows(spark, scenario, modes: Sequence[str], *, engine: str = "spark",
     started = time.perf_counter()
     plan = build_plan(dataclasses.replace(scenario, timeline=()))
     groups = groups_from_consumers(plan.consumers)
-    timings = {"plan_s": round(time.perf_counter() - started, 3)}
+    timings: dict = {"plan_s": round(time.perf_counter() - started, 3)}
     tiers = _tiers(plan.topology)
     runs, tier_rows = [], []
     by_label = {m.label: m for m in scenario.modes}
     for label in modes:
         if label not in by_label:
             raise ConfigError("mode", f"unknown mode {label!r} (have {sorted(by_label)})")
+    for label in modes:
         mode = by_label[label]
-        t0 = time.perf_counter()
+        steps: dict[str, float] = {}
+        t0 = tick = time.perf_counter()
+
+        def lap(name: str) -> None:
+            nonlocal tick
+            now = time.perf_counter()
+            steps[name] = round(now - tick, 3)
+            tick = now
+
         estate = estate_from_topology(plan.topology, mode)
+        lap("estate_s")
         folded = fold(estate, groups, cells=cells)
-        split = None
+        lap("fold_s")
+        table = None
         if engine == "spark" or check:
             from treefed.model.spark import per_broker, propagate_spark
             result = propagate_spark(spark, folded)
-            counts = per_broker(folded, result)
+            lap("spark_s")
             split = split_receipts(folded, result, plan.topology)
+            table = [(ms, {**row, **split.get(cid, _NO_SPLIT)})
+                     for cid, (ms, row) in enumerate(cell_figures(folded, result))]
+            lap("cells_s")
         if engine == "exact" or check:
             exact = propagate(estate, groups)
+            lap("exact_s")
             if check:
                 a = exact.per_broker(estate.brokers)
-                b = counts.per_broker(estate.brokers)
+                b = per_broker(folded, result).per_broker(estate.brokers)
                 diff = [x for x in estate.brokers if a[x] != b[x]]
                 if diff:
                     raise AssertionError(f"{label}: model engines differ at {len(diff)} "
                                          f"brokers, e.g. {diff[0]}: {a[diff[0]]} != "
                                          f"{b[diff[0]]}")
+                lap("check_s")
             if engine == "exact":
-                counts = exact
                 split = split_receipts(*_exact_result(folded, exact), plan.topology)
-        wall = time.perf_counter() - t0
-        timings[label] = round(wall, 3)
-        per = counts.per_broker(estate.brokers)
-        for b, row in per.items():
-            row.update(split.get(b, {"sibling_spill": 0, "downward_interest": 0}))
+                table = [((b,), {**row, **split.get(folded.cell_of[b], _NO_SPLIT)})
+                         for b, row in exact.per_broker(estate.brokers).items()]
+        keys = sorted({k for _ms, r in table for k in r})
         row = {"source": "model", "scenario": scenario.name, "mode": label,
                "engine": engine, "brokers": len(estate.brokers),
                "stores": sum(1 for b in estate.brokers if tiers[b] == "store"),
-               "consumers": len(plan.consumers), "cells": len(folded.cells),
-               "wall_s": round(wall, 3)}
-        keys = sorted({k for r in per.values() for k in r})
+               "consumers": len(plan.consumers), "cells": len(folded.cells)}
         for k in keys:
-            row[k] = sum(r.get(k, 0) for r in per.values())
-        row["max_demand"] = max((r["demand"] for r in per.values()), default=0)
-        runs.append(row)
+            row[k] = sum(len(ms) * r.get(k, 0) for ms, r in table)
+        row["max_demand"] = max((r["demand"] for _ms, r in table), default=0)
         by_tier: dict[str, dict] = {}
-        for b, r in per.items():
-            t = by_tier.setdefault(tiers[b], {"source": "model", "scenario": scenario.name,
-                                              "mode": label, "tier": tiers[b], "brokers": 0})
-            t["brokers"] += 1
-            for k in keys:
-                t[k] = t.get(k, 0) + r.get(k, 0)
+        for ms, r in table:
+            per_tier: dict[str, int] = defaultdict(int)
+            for b in ms:
+                per_tier[tiers[b]] += 1
+            for tier, n in per_tier.items():
+                t = by_tier.setdefault(tier, {"source": "model", "scenario": scenario.name,
+                                              "mode": label, "tier": tier, "brokers": 0})
+                t["brokers"] += n
+                for k in keys:
+                    t[k] = t.get(k, 0) + n * r.get(k, 0)
         tier_rows += by_tier.values()
         if brokers_dir is not None:
-            _write_csv(brokers_dir / f"brokers-{label}.csv", ["broker", "tier", *keys],
-                       [{"broker": b, "tier": tiers[b], **r} for b, r in per.items()])
+            _write_brokers(brokers_dir / f"brokers-{label}.csv", keys, table, tiers)
+        lap("output_s")
+        wall = time.perf_counter() - t0
+        row["wall_s"] = round(wall, 3)
+        runs.append(row)
+        timings[label] = round(wall, 3)
+        timings[f"{label}_steps"] = steps
     return runs, tier_rows, timings
+
+
+_NO_SPLIT = {"sibling_spill": 0, "downward_interest": 0}
+
+
+def _write_brokers(path: Path, keys: Sequence[str], table, tiers: dict) -> None:
+    """One line per broker, written from the per-cell figures."""
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["broker", "tier", *keys])
+        for ms, r in table:
+            figures = [r.get(k, 0) for k in keys]
+            w.writerows([b, tiers[b], *figures] for b in ms)
 
 
 def _exact_result(folded, exact) -> tuple:
