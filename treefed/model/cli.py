@@ -193,7 +193,9 @@ def model_rows(spark, scenario, modes: Sequence[str], *, engine: str = "spark",
         row = {"source": "model", "scenario": scenario.name, "mode": label,
                "engine": engine, "brokers": len(estate.brokers),
                "stores": sum(1 for b in estate.brokers if tiers[b] == "store"),
-               "consumers": len(plan.consumers), "cells": len(folded.cells)}
+               "consumers": len(plan.consumers), "cells": len(folded.cells),
+               "links": len(estate.links), "regions": scenario.topology.regions,
+               "stores_per_region": scenario.topology.stores_per_region}
         for k in keys:
             row[k] = sum(len(ms) * r.get(k, 0) for ms, r in table)
         row["max_demand"] = max((r["demand"] for _ms, r in table), default=0)
@@ -301,6 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true",
                    help="run both engines and fail on any difference")
     p.add_argument("--no-brokers", action="store_true", help="skip brokers-<mode>.csv")
+    p.add_argument("--sweep", metavar="TOTALS",
+                   help="comma-separated total store counts (e.g. 10,100,1000,10000,"
+                        "100000) spread over --regions (default 10): writes sweep.csv, "
+                        "runs.csv, scale.png and index.html, marked modelled")
     p.add_argument("--master", default=None, help="Spark master (default local[2])")
     p.add_argument("--driver-memory", default="3g")
     return p
@@ -311,7 +317,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     from treefed.model.exact import NotModelled
 
     try:
-        scenario = _scenario(args.scenario, args.regions, args.stores_per_region)
+        if args.sweep is not None:
+            from treefed.model.sweep import parse_sizes
+
+            if args.stores_per_region is not None:
+                raise ConfigError("sweep", "--sweep sets the stores per region itself")
+            regions = args.regions or 10
+            try:
+                sizes = parse_sizes(args.sweep, regions)
+            except ValueError as exc:
+                raise ConfigError("sweep", str(exc)) from None
+            scenarios = [_scenario(args.scenario, regions, n) for n in sizes]
+        else:
+            scenarios = [_scenario(args.scenario, args.regions, args.stores_per_region)]
     except ConfigError as exc:
         print(f"treefed model: {exc}", file=sys.stderr)
         return 2
@@ -322,9 +340,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         spark, owned = _spark(args.master, args.driver_memory)
     started = time.perf_counter()
     try:
-        runs, tiers, timings = model_rows(
-            spark, scenario, args.modes or MODES, engine=args.engine, cells=not args.flat,
-            check=args.check, brokers_dir=None if args.no_brokers else out)
+        runs, tiers, timings = [], [], {}
+        for scenario in scenarios:
+            r, t, timings[scenario.name] = model_rows(
+                spark, scenario, args.modes or MODES, engine=args.engine,
+                cells=not args.flat, check=args.check,
+                brokers_dir=None if args.no_brokers or args.sweep else out)
+            runs += r
+            tiers += t
+        if len(scenarios) == 1:
+            timings = timings[scenario.name]
     except (NotModelled, AssertionError) as exc:
         print(f"treefed model: {exc}", file=sys.stderr)
         return 1
@@ -341,9 +366,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "stores_per_region": scenario.topology.stores_per_region,
             "engine": args.engine, "cells": not args.flat,
             "wall_s": round(time.perf_counter() - started, 3), "timings": timings}
+    if args.sweep is not None:
+        from treefed.model.sweep import write_sweep
+
+        meta["sweep_stores"] = [r["stores"] for r in runs[::len(args.modes or MODES)]]
+        write_sweep(out, runs)
     (out / "model.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     for r in runs:
-        print(f"{r['mode']:10} brokers {r['brokers']:>7}  frames {r['adds_sent']:>14,}  "
+        print(f"{r['mode']:10} stores {r['stores']:>7}  brokers {r['brokers']:>7}  frames {r['adds_sent']:>14,}  "
               f"demand {r['demand']:>14,}  sibling spill {r['sibling_spill']:>14,}  "
               f"{r['wall_s']:.1f} s")
     print(f"model written to {out}")
