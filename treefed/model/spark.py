@@ -132,14 +132,10 @@ def propagate_spark(spark: SparkSession, folded: Folded, *, max_hops: int = 64) 
     kept = None          # (gid, cell, prio): instances held under duplicate suppression
     conduit_parts = []
     hop = 0
-    while True:
-        frontier = frontier.localCheckpoint()
-        rows = frontier.count()
-        if not rows:
-            break
+    rows = len(folded.groups)       # frontier rows; then the active rows of each hop
+    while rows:
         # small hops in one partition (a job per partition is most of the cost)
-        frontier = frontier.coalesce(max(1, min(frontier.rdd.getNumPartitions(),
-                                                rows // 200_000 + 1)))
+        frontier = frontier.coalesce(rows // 200_000 + 1)
         hop += 1
         if hop > max_hops:
             raise NotModelled(f"interest still travelling after {max_hops} hops")
@@ -222,9 +218,11 @@ def propagate_spark(spark: SparkSession, folded: Folded, *, max_hops: int = 64) 
         static = (F.col("kind") == "mesh") & F.col("static") & F.col("peer_forwards")
         x = x.withColumn("conduit", conduit & ~static) \
              .withColumn("demand_n", F.when(F.col("active") & ~conduit, F.col("ok")).otherwise(0))
+        # two Spark jobs a hop: the checkpoint and the collected figures (which also
+        # count the next frontier's rows and any displacing duplicate)
         x = x.localCheckpoint()
-        _collect(x, per_cell, by_dst)
-        if not x.where("displaces").isEmpty():
+        rows, displacing = _collect(x, per_cell, by_dst)
+        if displacing:
             raise NotModelled("a later, shorter route displaces a kept duplicate")
         active = x.where("active")
         new_kept = active.where("contest").select(
@@ -260,9 +258,11 @@ def propagate_spark(spark: SparkSession, folded: Folded, *, max_hops: int = 64) 
             "dst": [(c, gid, r) for (c, gid), (r, _d) in by_dst.items()]}
 
 
-def _collect(x: DataFrame, per_cell: dict, by_dst: dict) -> None:
+def _collect(x: DataFrame, per_cell: dict, by_dst: dict) -> tuple[int, int]:
     """One hop's figures, per cell, in one Spark job: frames sent and refused at the
-    sender; received, refused, duplicates, demand and interest at the receiver."""
+    sender; received, refused, duplicates, demand and interest at the receiver.
+    Returns (active rows: the next frontier's size, rows whose duplicate displaces a
+    kept one)."""
     k = F.col("k")
     zero = F.lit(0).cast("long")
     refused = F.when(F.col("r_reason").isNotNull(), F.col("ok")).otherwise(zero)
@@ -289,14 +289,22 @@ def _collect(x: DataFrame, per_cell: dict, by_dst: dict) -> None:
         fact("peer_cell", "interest", F.when(F.col("active"), F.col("ok")).otherwise(zero) * k),
         fact("peer_cell", F.concat(F.lit("rx:"), F.col("gid").cast("string")),
              F.col("sent") * k),
+        F.struct(F.lit(-1).alias("c"), F.lit("#active").alias("f"),
+                 F.col("active").cast("long").alias("n")),
+        F.struct(F.lit(-1).alias("c"), F.lit("#displaces").alias("f"),
+                 F.col("displaces").cast("long").alias("n")),
     )
     union = x.select(F.explode(facts).alias("t")).select("t.*")
+    meta = {"#active": 0, "#displaces": 0}
     for row in union.where(F.col("n") > 0).groupBy("c", "f").agg(F.sum("n").alias("n")) \
             .collect():
         if row.f.startswith("rx:"):
             by_dst[row.c, int(row.f[3:])][0] += row.n
+        elif row.f.startswith("#"):
+            meta[row.f] = row.n
         else:
             per_cell[row.c][row.f] += row.n
+    return meta["#active"], meta["#displaces"]
 
 
 def per_broker(folded: Folded, result: dict) -> Counts:
