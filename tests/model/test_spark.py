@@ -29,7 +29,9 @@ def _estate(name: str, label: str):
     return estate_from_topology(plan.topology, mode), groups_from_consumers(plan.consumers)
 
 
-@pytest.mark.parametrize("label", ["tree", "mesh-ttl2"])
+# tree on retail-small with cells also runs, quicker, in test_model_command_writes_marked_rows
+# (--check: Spark against the walk at every broker)
+@pytest.mark.parametrize("label", [pytest.param("tree", marks=pytest.mark.slow), "mesh-ttl2"])
 def test_spark_cells_equal_the_walk_on_retail_small(spark, label):
     estate, groups = _estate("retail-small", label)
     folded = fold(estate, groups)
