@@ -373,8 +373,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_sweep(out, runs)
     (out / "model.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     for r in runs:
-        print(f"{r['mode']:10} stores {r['stores']:>7}  brokers {r['brokers']:>7}  frames {r['adds_sent']:>14,}  "
-              f"demand {r['demand']:>14,}  sibling spill {r['sibling_spill']:>14,}  "
+        print(f"{r['mode']:10} stores {r['stores']:>7}  brokers {r['brokers']:>7}  "
+              f"frames {r['adds_sent']:>14,}  demand {r['demand']:>14,}  sibling spill {r['sibling_spill']:>14,}  "
               f"{r['wall_s']:.1f} s")
     print(f"model written to {out}")
     return 0
