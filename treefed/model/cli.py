@@ -20,7 +20,13 @@ Written to DIR, every row marked ``source = model``:
   ancestors: AMQ-2875 rule 4);
 * ``tiers.csv`` -- the same per (mode, tier: hq / layer / region / store);
 * ``brokers-<mode>.csv`` -- per broker (omitted with ``--no-brokers``);
-* ``model.json`` -- parameters, wall time per mode, engine.
+* ``model.json`` -- parameters, engine, wall time per mode and per step (``plan_s``;
+  ``<mode>_steps``: estate, fold, spark / exact, cells, output).
+
+Figures stay per cell up to the output (totals and tiers are member counts times the
+cell's figures), so only ``brokers-<mode>.csv`` is as long as the estate.  With
+``--sweep 10,100,...`` the same runs for each total number of stores (``model/sweep.py``:
+``sweep.csv``, ``runs.csv`` in the report's schema, ``scale.png``, ``index.html``).
 
 Exit status: 0, 1 (``--check`` found a difference, or the estate needs a rule the model
 does not reproduce), 2 (usage: unknown scenario or mode, bad size).  As a Spark
