@@ -45,3 +45,18 @@ def test_treefed_model_refuses_an_unknown_scenario(tmp_path):
                     str(tmp_path / "x"))
     assert done.returncode == 2
     assert "no scenario" in done.stderr
+
+
+def test_the_module_runs_as_a_script_from_its_checkout(tmp_path):
+    # spark-submit runs treefed/model/cli.py as a script: it must use the checkout it is
+    # in, not whichever treefed is installed (a worktree's venv may hold another one)
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = tmp_path / "s"
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "treefed" / "model" / "cli.py"),
+                           "retail-small", "--engine", "exact", "--mode", "tree", "--out",
+                           str(out)], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert (out / "model.csv").exists()

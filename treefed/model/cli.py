@@ -46,11 +46,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
-try:
-    from treefed.errors import ConfigError
-except ImportError:  # spark-submit from an uninstalled checkout
+if not __package__:
+    # run as a script (spark-submit treefed/model/cli.py): the checkout this file is in,
+    # not whichever treefed the interpreter has installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from treefed.errors import ConfigError
+from treefed.errors import ConfigError  # noqa: E402
 
 __all__ = ["main", "model_rows", "MODES"]
 
