@@ -39,6 +39,7 @@ _DELEGATED = {
     "estate": "treefed.estate.cli:estate_main",
     "import": "treefed.estate.cli:import_main",
     "forecast": "treefed.estate.cli:forecast_main",
+    "model": "treefed.model.cli:main",
 }
 _DELEGATED_HELP = {
     "scenario": "run store-scale scenarios (tree and TTL modes)",
@@ -47,6 +48,7 @@ _DELEGATED_HELP = {
     "estate": "estate generate ESTATE.toml --out DIR: configs per site; estate start DIR",
     "import": "import activemq FILE.xml... --out DIR: ActiveMQ configs -> treefed",
     "forecast": "an estate as configured and as a tree: demand, spillage, stranding",
+    "model": "compute an estate's spillage on Spark, without emulating it",
 }
 
 

@@ -1,0 +1,390 @@
+"""``treefed model``: spillage of an estate computed, not emulated.
+
+Theory of operation
+-------------------
+``treefed model SCENARIO [--mode LABEL]... [--regions N] [--stores-per-region N]
+--out DIR`` takes a scenario's topology and workload (optionally resized: the same
+estate shape at 10 x 10,000 stores), folds the estate into cells and propagates every
+consumer group's interest on Spark (``model/spark.py``) for each mode: tree and mesh at
+TTL 1, 2 and 3 by default, as ``treefed compare`` runs them.  ``--engine exact`` runs the
+plain Python walk instead (the reference; fine up to a few thousand brokers), and
+``--check`` runs both and fails (exit 1) on any difference.
+
+Written to DIR, every row marked ``source = model``:
+
+* ``model.csv`` -- one row per (scenario, mode): brokers, consumers, advisory frames
+  sent / received, refusals by reason, demand created (= held: first convergence),
+  the largest demand at one broker, and receipts split as the report splits them:
+  **sibling spill** (a store receiving interest of another store's consumer) and
+  **downward interest** (a broker receiving interest whose origin is one of its
+  ancestors: AMQ-2875 rule 4);
+* ``tiers.csv`` -- the same per (mode, tier: hq / layer / region / store);
+* ``brokers-<mode>.csv`` -- per broker (omitted with ``--no-brokers``);
+* ``model.json`` -- parameters, engine, wall time per mode and per step (``plan_s``;
+  ``<mode>_steps``: estate, fold, spark / exact, cells, output).
+
+Figures stay per cell up to the output (totals and tiers are member counts times the
+cell's figures), so only ``brokers-<mode>.csv`` is as long as the estate.  With
+``--sweep 10,100,...`` the same runs for each total number of stores (``model/sweep.py``:
+``sweep.csv``, ``runs.csv`` in the report's schema, ``scale.png``, ``index.html``).
+
+Exit status: 0, 1 (``--check`` found a difference, or the estate needs a rule the model
+does not reproduce), 2 (usage: unknown scenario or mode, bad size).  As a Spark
+application it runs under ``spark-submit treefed/model/cli.py ...`` unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Sequence
+
+if not __package__:
+    # run as a script (spark-submit treefed/model/cli.py): the checkout this file is in,
+    # not whichever treefed the interpreter has installed
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from treefed.errors import ConfigError  # noqa: E402
+
+__all__ = ["main", "model_rows", "MODES"]
+
+MODES = ("tree", "mesh-ttl1", "mesh-ttl2", "mesh-ttl3")
+_FIGURES = ("adds_sent", "adds_received", "demand", "interest")
+
+
+def _scenario(name: str, regions: int | None, stores: int | None):
+    from treefed.scenario.compare import find_scenario, with_compared_modes
+    from treefed.scenario.spec import load_scenario
+
+    sc = with_compared_modes(load_scenario(find_scenario(name)))
+    topo = sc.topology
+    if regions is not None or stores is not None:
+        if (regions is not None and regions < 1) or (stores is not None and stores < 1):
+            raise ConfigError("size", "--regions and --stores-per-region must be >= 1")
+        topo = dataclasses.replace(topo, regions=regions or topo.regions,
+                                   stores_per_region=stores or topo.stores_per_region)
+        # a resized estate keeps the workload, not the timeline: the model computes
+        # the first convergence
+        sc = dataclasses.replace(sc, topology=topo, timeline=(),
+                                 name=f"{sc.name}@{topo.regions}x{topo.stores_per_region}")
+    return sc
+
+
+def _tiers(topology) -> dict[str, str]:
+    return {b.id: b.kind for b in topology.brokers}
+
+
+def split_receipts(folded, result, topology) -> dict[int, dict[str, int]]:
+    """Receipts per receiving cell split into sibling spill and downward interest, as
+    figures per member of the cell (every member receives the same)."""
+    kind = {b.id: b.kind for b in topology.brokers}
+    parent = {b.id: b.parent for b in topology.brokers}
+
+    def ancestors(b: str) -> set:
+        out, cur = set(), parent.get(b)
+        while cur is not None:
+            out.add(cur)
+            cur = parent.get(cur)
+        return out
+
+    out: dict[int, dict[str, int]] = defaultdict(lambda: {"sibling_spill": 0,
+                                                          "downward_interest": 0})
+    anc_cache: dict[str, set] = {}
+    for cid, gid, received in result["dst"]:
+        cell = folded.cells[cid]
+        g = folded.groups[gid]
+        origin_rep = folded.cells[g.origin].members[0]
+        rep = cell.members[0]
+        if rep not in anc_cache:
+            anc_cache[rep] = ancestors(rep)
+        if kind.get(rep) == "store" and kind.get(origin_rep) == "store":
+            key = "sibling_spill"
+        elif origin_rep in anc_cache[rep]:
+            key = "downward_interest"
+        else:
+            continue
+        out[cid][key] += received // len(cell.members)
+    return out
+
+
+def cell_figures(folded, result) -> list[tuple[tuple[str, ...], dict[str, int]]]:
+    """The Spark result as (members, figures of each member) per cell: the per-broker
+    table without a row per broker (``spark.per_broker`` spreads the same figures)."""
+    from treefed.model.exact import NotModelled
+
+    out = []
+    for cell in folded.cells:
+        n = len(cell.members)
+        row = {"adds_sent": 0, "adds_received": 0, "demand": 0, "interest": 0}
+        for name, value in result["cells"].get(cell.id, {}).items():
+            if not value:
+                continue
+            if value % n:
+                raise NotModelled(f"cell {cell.id}: {name} = {value} does not split over "
+                                  f"{n} members")
+            row[name] = row.get(name, 0) + value // n
+        out.append((cell.members, row))
+    return out
+
+
+def model_rows(spark, scenario, modes: Sequence[str], *, engine: str = "spark",
+               cells: bool = True, check: bool = False, brokers_dir: Path | None = None
+               ) -> tuple[list[dict], list[dict], dict]:
+    """Run the model for ``modes`` of ``scenario``: (run rows, tier rows, timings).
+
+    Figures stay per cell (members, each member's figures) all the way to the output:
+    totals and tiers are member counts times the cell's figures, and only
+    ``brokers-<mode>.csv`` writes a line per broker."""
+    from treefed.model.cells import fold
+    from treefed.model.exact import estate_from_topology, groups_from_consumers, propagate
+    from treefed.scenario.workload import build_plan
+
+    started = time.perf_counter()
+    plan = build_plan(dataclasses.replace(scenario, timeline=()))
+    groups = groups_from_consumers(plan.consumers)
+    timings: dict = {"plan_s": round(time.perf_counter() - started, 3)}
+    tiers = _tiers(plan.topology)
+    runs, tier_rows = [], []
+    by_label = {m.label: m for m in scenario.modes}
+    for label in modes:
+        if label not in by_label:
+            raise ConfigError("mode", f"unknown mode {label!r} (have {sorted(by_label)})")
+    for label in modes:
+        mode = by_label[label]
+        steps: dict[str, float] = {}
+        t0 = tick = time.perf_counter()
+
+        def lap(name: str) -> None:
+            nonlocal tick
+            now = time.perf_counter()
+            steps[name] = round(now - tick, 3)
+            tick = now
+
+        estate = estate_from_topology(plan.topology, mode)
+        lap("estate_s")
+        folded = fold(estate, groups, cells=cells)
+        lap("fold_s")
+        table = None
+        if engine == "spark" or check:
+            from treefed.model.spark import per_broker, propagate_spark
+            result = propagate_spark(spark, folded)
+            lap("spark_s")
+            split = split_receipts(folded, result, plan.topology)
+            table = [(ms, {**row, **split.get(cid, _NO_SPLIT)})
+                     for cid, (ms, row) in enumerate(cell_figures(folded, result))]
+            lap("cells_s")
+        if engine == "exact" or check:
+            exact = propagate(estate, groups)
+            lap("exact_s")
+            if check:
+                a = exact.per_broker(estate.brokers)
+                b = per_broker(folded, result).per_broker(estate.brokers)
+                diff = [x for x in estate.brokers if a[x] != b[x]]
+                if diff:
+                    raise AssertionError(f"{label}: model engines differ at {len(diff)} "
+                                         f"brokers, e.g. {diff[0]}: {a[diff[0]]} != "
+                                         f"{b[diff[0]]}")
+                lap("check_s")
+            if engine == "exact":
+                split = split_receipts(*_exact_result(folded, exact), plan.topology)
+                table = [((b,), {**row, **split.get(folded.cell_of[b], _NO_SPLIT)})
+                         for b, row in exact.per_broker(estate.brokers).items()]
+        keys = sorted({k for _ms, r in table for k in r})
+        row = {"source": "model", "scenario": scenario.name, "mode": label,
+               "engine": engine, "brokers": len(estate.brokers),
+               "stores": sum(1 for b in estate.brokers if tiers[b] == "store"),
+               "consumers": len(plan.consumers), "cells": len(folded.cells),
+               "links": len(estate.links), "regions": scenario.topology.regions,
+               "stores_per_region": scenario.topology.stores_per_region}
+        for k in keys:
+            row[k] = sum(len(ms) * r.get(k, 0) for ms, r in table)
+        row["max_demand"] = max((r["demand"] for _ms, r in table), default=0)
+        by_tier: dict[str, dict] = {}
+        for ms, r in table:
+            per_tier: dict[str, int] = defaultdict(int)
+            for b in ms:
+                per_tier[tiers[b]] += 1
+            for tier, n in per_tier.items():
+                t = by_tier.setdefault(tier, {"source": "model", "scenario": scenario.name,
+                                              "mode": label, "tier": tier, "brokers": 0})
+                t["brokers"] += n
+                for k in keys:
+                    t[k] = t.get(k, 0) + n * r.get(k, 0)
+        tier_rows += by_tier.values()
+        if brokers_dir is not None:
+            _write_brokers(brokers_dir / f"brokers-{label}.csv", keys, table, tiers)
+        lap("output_s")
+        wall = time.perf_counter() - t0
+        row["wall_s"] = round(wall, 3)
+        runs.append(row)
+        timings[label] = round(wall, 3)
+        timings[f"{label}_steps"] = steps
+    return runs, tier_rows, timings
+
+
+_NO_SPLIT = {"sibling_spill": 0, "downward_interest": 0}
+
+
+def _write_brokers(path: Path, keys: Sequence[str], table, tiers: dict) -> None:
+    """One line per broker, written from the per-cell figures."""
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["broker", "tier", *keys])
+        for ms, r in table:
+            figures = [r.get(k, 0) for k in keys]
+            w.writerows([b, tiers[b], *figures] for b in ms)
+
+
+def _exact_result(folded, exact) -> tuple:
+    """The exact walk's receipts per (cell, group), in the Spark result's shape."""
+    index = {}
+    for g in folded.groups:
+        for m in folded.cells[g.origin].members:
+            index[(m, g.dst(m))] = g.id
+    # the exact walk keys receipts by (broker, dst); attribute them to groups through
+    # the origin-free destination where it is unambiguous
+    dst_groups = defaultdict(set)
+    for (m, d), gid in index.items():
+        dst_groups[d].add(gid)
+    rows = defaultdict(int)
+    for (b, d), n in exact.received_by_dst.items():
+        gids = dst_groups.get(d)
+        if gids and len(gids) == 1:
+            rows[folded.cell_of[b], next(iter(gids))] += n
+    return folded, {"dst": [(c, g, n) for (c, g), n in rows.items()]}
+
+
+def _write_csv(path: Path, columns: Sequence[str], rows: list[dict]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(columns), extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: r.get(c, 0) for c in columns})
+
+
+def _spark(master: str | None, driver_memory: str):
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active, False
+    builder = SparkSession.builder.appName("treefed-model") \
+        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    master = master or (None if under_submit else "local[2]")
+    if master is not None:
+        builder = builder.master(master)
+    if master is not None and master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = builder.config("spark.driver.memory", driver_memory) \
+            .config("spark.driver.bindAddress", "127.0.0.1") \
+            .config("spark.driver.host", "127.0.0.1") \
+            .config("spark.sql.shuffle.partitions", "2") \
+            .config("spark.default.parallelism", "2")
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark, True
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="treefed model",
+                                description="compute an estate's advisory and demand "
+                                            "figures on Spark, without emulating it")
+    p.add_argument("scenario", help="scenario name or file (its topology and workload)")
+    p.add_argument("--mode", action="append", choices=MODES, dest="modes",
+                   help="mode to model (repeatable; default: all four)")
+    p.add_argument("--regions", type=int, help="resize: regions under HQ")
+    p.add_argument("--stores-per-region", type=int, help="resize: stores per region")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--engine", choices=("spark", "exact"), default="spark",
+                   help="spark (default) or the plain Python walk")
+    p.add_argument("--flat", action="store_true",
+                   help="no cells: one row per broker and route (for checking)")
+    p.add_argument("--check", action="store_true",
+                   help="run both engines and fail on any difference")
+    p.add_argument("--no-brokers", action="store_true", help="skip brokers-<mode>.csv")
+    p.add_argument("--sweep", metavar="TOTALS",
+                   help="comma-separated total store counts (e.g. 10,100,1000,10000,"
+                        "100000) spread over --regions (default 10): writes sweep.csv, "
+                        "runs.csv, scale.png and index.html, marked modelled")
+    p.add_argument("--master", default=None, help="Spark master (default local[2])")
+    p.add_argument("--driver-memory", default="3g")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from treefed.model.exact import NotModelled
+
+    try:
+        if args.sweep is not None:
+            from treefed.model.sweep import parse_sizes
+
+            if args.stores_per_region is not None:
+                raise ConfigError("sweep", "--sweep sets the stores per region itself")
+            regions = args.regions or 10
+            try:
+                sizes = parse_sizes(args.sweep, regions)
+            except ValueError as exc:
+                raise ConfigError("sweep", str(exc)) from None
+            scenarios = [_scenario(args.scenario, regions, n) for n in sizes]
+        else:
+            scenarios = [_scenario(args.scenario, args.regions, args.stores_per_region)]
+    except ConfigError as exc:
+        print(f"treefed model: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    spark, owned = (None, False)
+    if args.engine == "spark" or args.check:
+        spark, owned = _spark(args.master, args.driver_memory)
+    started = time.perf_counter()
+    try:
+        runs, tiers, timings = [], [], {}
+        for scenario in scenarios:
+            r, t, timings[scenario.name] = model_rows(
+                spark, scenario, args.modes or MODES, engine=args.engine,
+                cells=not args.flat, check=args.check,
+                brokers_dir=None if args.no_brokers or args.sweep else out)
+            runs += r
+            tiers += t
+        if len(scenarios) == 1:
+            timings = timings[scenario.name]
+    except (NotModelled, AssertionError) as exc:
+        print(f"treefed model: {exc}", file=sys.stderr)
+        return 1
+    except ConfigError as exc:
+        print(f"treefed model: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if owned:
+            spark.stop()
+    columns = list(dict.fromkeys(k for r in runs for k in r))
+    _write_csv(out / "model.csv", columns, runs)
+    _write_csv(out / "tiers.csv", list(dict.fromkeys(k for r in tiers for k in r)), tiers)
+    meta = {"scenario": scenario.name, "regions": scenario.topology.regions,
+            "stores_per_region": scenario.topology.stores_per_region,
+            "engine": args.engine, "cells": not args.flat,
+            "wall_s": round(time.perf_counter() - started, 3), "timings": timings}
+    if args.sweep is not None:
+        from treefed.model.sweep import write_sweep
+
+        meta["sweep_stores"] = [r["stores"] for r in runs[::len(args.modes or MODES)]]
+        write_sweep(out, runs)
+    (out / "model.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    for r in runs:
+        print(f"{r['mode']:10} stores {r['stores']:>7}  brokers {r['brokers']:>7}  "
+              f"frames {r['adds_sent']:>14,}  demand {r['demand']:>14,}  sibling spill {r['sibling_spill']:>14,}  "
+              f"{r['wall_s']:.1f} s")
+    print(f"model written to {out}")
+    return 0
+
+
+if __name__ == "__main__":  # spark-submit treefed/model/cli.py ...
+    sys.exit(main())
