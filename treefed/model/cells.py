@@ -221,7 +221,8 @@ def _uniform(members: list[str], by_broker: dict, settings: list, shape: _Shape)
 
 
 def group_flags(folded: Folded) -> list[tuple]:
-    """Per (sid, group): (skip: dynamic includes leave it out, permit reason, joins a
+    """Per (sid, group): (skip: dynamic includes leave it out -- on a tree link: not
+    sent down to a child, advertise_down --, permit reason, joins a
     static conduit, suppressed as a duplicate, is a topic)."""
     rows = []
     for si, s in enumerate(folded.settings):
@@ -233,8 +234,9 @@ def group_flags(folded: Folded) -> list[tuple]:
                 skip = probe.offer(rep, dst, ()) == "" if s.dynamically_included else False
                 permit = probe.permit(dst)
                 static = dst in s.statically_included and s.conduit_subscriptions
-            else:
-                skip, permit, static = False, None, False
+            else:   # tree: skip = not sent down to a child (advertise_down)
+                probe.lane = "child"
+                skip, permit, static = probe.offer(rep, dst, ()) == "", None, False
             rows.append((si, g.id, skip, permit, static, probe.suppresses(dst),
                          is_topic(dst)))
     return rows

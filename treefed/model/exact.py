@@ -133,6 +133,14 @@ _ROUTES = {
 }
 
 
+def _down(s: LinkSettings) -> tuple[str, ...]:
+    """Destination prefixes a child hears of from above (Bridge.down)."""
+    kinds = getattr(s, "advertise_down", None)
+    if kinds is None:
+        return ("queue://", "topic://", "temp-queue://", "temp-topic://")
+    return tuple(f"{k}://" for k in kinds) + ("temp-queue://", "temp-topic://")
+
+
 class _End:
     """One side of a link as ``Site.link_up`` sets it up."""
 
@@ -156,6 +164,10 @@ class _End:
     def offer(self, origin: str, dst: str, path: tuple) -> str | None:
         s = self.settings
         if self.kind != "mesh":
+            # a tree parent sends interest down only in the kinds the child asked for
+            # (LinkSettings.advertise_down; temporary destinations always go down)
+            if self.lane == "child" and not dst.startswith(_down(s)):
+                return ""
             return None
         if s.dynamically_included and not is_temp(dst) and dst not in s.statically_included \
                 and not any(matches(p, dst) for p in s.dynamically_included):

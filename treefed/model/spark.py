@@ -147,7 +147,8 @@ def propagate_spark(spark: SparkSession, folded: Folded, *, max_hops: int = 64) 
                     & _lane_allowed(F.col("src_lane"), F.col("lane")))
              .join(g, "gid")
              .join(flags, (F.col("fsid") == F.col("sid")) & (F.col("fgid") == F.col("gid")))
-             .where(~((F.col("kind") == "mesh") & F.col("skip"))))
+             .where(~(F.col("skip") & ((F.col("kind") == "mesh")
+                                       | (F.col("lane") == "child")))))
         plen = F.size("trail") - 1
         # back into the leaf cell it came from: every member but the sender (which is
         # the origin: a leaf only sends its own interest) -- not offered, not a loop
