@@ -67,3 +67,25 @@ def test_retail_small_hand_count():
             out["lost"]) == (40, 30, 10, 0, 0)
     ttl2 = ReplayEngine(plan, sc.mode("mesh-ttl2"), Recorder(plan)).run()["outcome"]
     assert ttl2["advisory_frames"] - out["advisory_frames"] == 40
+
+
+def test_compare_sets_the_tuned_ttl_to_the_estate_depth():
+    """An operator sets TTL = depth: 2 for HQ -> region -> store, 4 with two more layers
+    (TTL 2 there strands everything between HQ and the stores)."""
+    from treefed.scenario import compare
+
+    for name, ttl in (("sweep-depth-2", 2), ("sweep-depth-4", 4)):
+        sc = compare.with_compared_modes(load_scenario(SCENARIOS / f"{name}.toml"))
+        assert sc.mode("mesh-tuned").options["network_ttl"] == ttl
+
+
+def test_tuned_delivers_all_but_store_to_store_at_depth_4():
+    from treefed.scenario import compare
+
+    sc = compare.with_compared_modes(load_scenario(SCENARIOS / "sweep-depth-4.toml"))
+    plan = build_plan(sc)
+    out = ReplayEngine(plan, sc.mode("mesh-tuned"), Recorder(plan)).run()["outcome"]
+    assert {k: v["delivered"] == v["expected"] for k, v in out["by_kind"].items()} == {
+        "hq_to_store": True, "store_to_hq": True, "store_to_store": False,
+        "broadcast": True}
+    assert out["lost"] == 0

@@ -24,7 +24,8 @@ from typing import Any
 from treefed.scenario.spec import Mode, expand_destination
 from treefed.scenario.topology import BrokerSpec
 
-__all__ = ["STORE_INCLUDES", "TUNED_INCLUDES", "TUNED_MODES", "store_options"]
+__all__ = ["STORE_INCLUDES", "TUNED_INCLUDES", "TUNED_MODES", "tuned_modes",
+           "store_options"]
 
 #: Mode option: destination templates a store's connector is limited to.
 STORE_INCLUDES = "store_dynamically_included"
@@ -34,12 +35,20 @@ STORE_INCLUDES = "store_dynamically_included"
 TUNED_INCLUDES = ("queue://Store.{broker}.>", "queue://Region.{region}.>", "queue://HQ.>",
                   "topic://Broadcast.>")
 
-#: label -> (connector, options) of the tuned baselines (compare.py runs them with the
-#: default-TTL modes).  TTL 2 is the least that carries a store's interest to HQ.
+#: label -> (connector, options) of the tuned baselines for a two-level estate
+#: (HQ -> regions -> stores); ``tuned_modes(depth)`` for any other.
 TUNED_MODES: dict[str, tuple[str, dict]] = {
     "mesh-tuned": ("mesh", {"network_ttl": 2, "duplex": True,
                             STORE_INCLUDES: list(TUNED_INCLUDES)}),
 }
+
+
+def tuned_modes(depth: int) -> dict[str, tuple[str, dict]]:
+    """The tuned baselines for an estate ``depth`` levels below HQ: the operator sets the
+    network TTL to the depth, the least that carries a store's interest to HQ (and HQ's
+    to the stores); the store filters keep that TTL from flooding siblings."""
+    return {label: (connector, {**options, "network_ttl": max(2, depth)})
+            for label, (connector, options) in TUNED_MODES.items()}
 
 def store_options(mode: Mode, child: BrokerSpec) -> dict[str, Any]:
     """The mesh options ``child`` dials its parent with under ``mode``."""

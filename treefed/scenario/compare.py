@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 from treefed.errors import ConfigError
-from treefed.scenario.baselines import TUNED_MODES
+from treefed.scenario.baselines import TUNED_MODES, tuned_modes
 from treefed.scenario.spec import Mode, Scenario, load_scenario
 
 __all__ = ["main", "DEFAULT_SCENARIOS", "FULL_SCENARIOS", "COMPARED_MODES",
@@ -43,7 +43,6 @@ COMPARED_MODES: dict[str, tuple[str, dict]] = {
     "mesh-ttl1": ("mesh", {"network_ttl": 1, "duplex": True}),
     "mesh-ttl2": ("mesh", {"network_ttl": 2, "duplex": True}),
     "mesh-ttl3": ("mesh", {"network_ttl": 3, "duplex": True}),
-    **TUNED_MODES,   # the mesh an operator tunes (baselines.py)
 }
 _CHECKOUT = Path(__file__).resolve().parents[2] / "scenarios"
 
@@ -63,10 +62,14 @@ def find_scenario(name: str) -> Path:
 
 
 def with_compared_modes(scenario: Scenario) -> Scenario:
-    """``scenario`` with every mode of COMPARED_MODES it lacks appended."""
+    """``scenario`` with every mode of COMPARED_MODES it lacks appended, then the tuned
+    baselines (baselines.py) with the network TTL set to the estate's depth."""
     modes = list(scenario.modes)
     have = {m.label for m in modes}
-    for label, (connector, options) in COMPARED_MODES.items():
+    wanted = dict(COMPARED_MODES)
+    if any(label not in have for label in TUNED_MODES):
+        wanted.update(tuned_modes(scenario.build_topology().depth))
+    for label, (connector, options) in wanted.items():
         if label not in have:
             modes.append(Mode(label, connector, dict(options)))
     return dataclasses.replace(scenario, modes=tuple(modes))
