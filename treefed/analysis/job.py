@@ -787,12 +787,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"treefed report: {problem}", file=sys.stderr)
         return 2
     spark, owned = _session(args)
+    from treefed.analysis.progress import StageProgress
+
+    progress = StageProgress(spark.sparkContext.statusTracker())
     # A truncated gzip log is read up to the cut instead of failing the job: the line count
     # against summary.json then names the run as truncated (integrity.run_problems).
     spark.conf.set("spark.sql.files.ignoreCorruptFiles", "true")
     session_s = time.perf_counter() - started
     try:
         job_started = time.perf_counter()
+        progress.__enter__()
         tables = compute(spark, args.runs)
         runs = [r.asDict() for r in tables.runs.collect()]
         role_rows = tables.per_role.collect()
@@ -817,6 +821,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in roles:
             r["partial"] = r["run"] in flagged
     finally:
+        progress.__exit__()
         if owned:
             spark.stop()
     out.mkdir(parents=True, exist_ok=True)
