@@ -34,6 +34,9 @@ def test_describe():
     idle = Tracker()
     idle.active = []
     assert describe(idle) == ""
+    busy = Tracker()
+    busy.active = [11, 12, 13, 14, 15]
+    assert describe(busy).endswith("stage 13: 3/8 tasks, +2 more stages")
 
 
 def test_prints_changes_only_on_new_lines_when_not_a_terminal():

@@ -17,7 +17,10 @@ import sys
 import threading
 from typing import Any, TextIO
 
-__all__ = ["StageProgress", "describe"]
+__all__ = ["StageProgress", "describe", "SHOWN"]
+
+#: Active stages named in one line (the rest counted): a query plan runs many at once.
+SHOWN = 3
 
 
 def describe(tracker: Any) -> str:
@@ -29,6 +32,8 @@ def describe(tracker: Any) -> str:
             stages.append(f"stage {stage_id}: {info.numCompletedTasks}/{info.numTasks} tasks")
     if not stages:
         return ""
+    if len(stages) > SHOWN:
+        stages = stages[:SHOWN] + [f"+{len(stages) - SHOWN} more stages"]
     done = sum(1 for job in tracker.getJobIdsForGroup(None)
                if (j := tracker.getJobInfo(job)) is not None and j.status == "SUCCEEDED")
     return f"Spark: {done} jobs done; " + ", ".join(stages)
