@@ -12,7 +12,6 @@ import contextlib
 import gzip
 import io
 import json
-import os
 import shutil
 import stat
 from pathlib import Path

@@ -89,7 +89,7 @@ def test_page_fits_a_1400_pixel_window(tmp_path):
     assert shot.read_bytes().startswith(b"\x89PNG")
 
 
-def test_page_check_says_why_it_skips(monkeypatch):
+def test_page_check_says_why_it_skips():
     """Without Chromium the skip reason names the package and the Makefile step."""
     assert "Debian package `chromium`" in needs_browser.kwargs["reason"]
     assert Path(__file__).resolve().parents[2].joinpath("Makefile").read_text() \
