@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test install bench clean
+.PHONY: run test install bench clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,17 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/treefed compare
 
-test: $(STAMP)
+# Headless Chromium (a Debian package) renders the report page in
+# tests/analysis/test_page.py: installed here when missing and apt-get is usable (root),
+# otherwise that test skips and says why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+	    || echo "chromium not installed (apt-get failed): the page-rendering test will skip"; \
+	  else echo "chromium not installed (needs root and apt-get): the page-rendering test will skip"; fi; }
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q --durations=15; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 bench: $(STAMP)

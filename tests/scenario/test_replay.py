@@ -168,7 +168,8 @@ class TestTimeline:
 
     def test_restart_keeps_persistent_loses_the_rest(self) -> None:
         """Killing HQ while it holds unconsumed messages: the persistent one survives the
-        restart and is delivered to a later consumer; the other is lost, not stranded."""
+        restart and is delivered to a later consumer; the other is gone with the broker:
+        dropped with reason broker_killed, not stranded, and the accounting closes."""
         sc = estate([{"at": 2.0, "action": "send", "target": "hq",
                       "dst": "queue://Orphans", "persistent": True},
                      {"at": 2.0, "action": "send", "target": "hq", "dst": "queue://Orphans"},
@@ -177,8 +178,9 @@ class TestTimeline:
                      {"at": 5.0, "action": "add_consumer", "target": "store-r2-0003",
                       "dst": "queue://Orphans", "consumer": "late"}])
         out, lines, rec = run(sc, "tree")
-        assert out["expected"] == 2 and out["delivered"] == 1 and out["lost"] == 1
+        assert out["expected"] == 2 and out["delivered"] == 1 and out["lost"] == 0
         assert out["stranded"] == 0
+        assert out["dropped"] == 1 and out["dropped_by_reason"] == {"broker_killed": 1}
         (got,) = [e for e in lines if e["event"] == "message.delivered"]
         assert got["broker"] == "store-r2-0003" and got["ts"] > 5.0
 

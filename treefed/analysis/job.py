@@ -16,9 +16,10 @@ cluster's executors need nothing of treefed and only small aggregates reach the 
   per run by ``line_counts`` and excluded by ``valid_events`` — never fatal.  Which lines
   Spark flags as corrupt depends on the columns a query reads, so ``compute`` persists the
   parsed frame once and every stage sees the same verdict.
-* ``interest`` is DESIGN §5's ``interested(b, d)``: b had a local consumer or producer for
-  d, or forwarded or delivered a message of d.  A wildcard destination (``*``/``>``) is of
-  interest where a matching concrete destination is.
+* ``interest`` is where a broker *sends to* a destination: it produced or forwarded a
+  message of it.  Interest (an advisory, a demand subscription) in d at b is useful only
+  then; a local consumer of b's own on d does not make other consumers of d useful to b.
+  A wildcard destination (``*``/``>``) is of interest where a matching concrete one is.
 * Advisory and demand metrics are computed per broker (``advisory_metrics``,
   ``demand_metrics`` -> ``broker_metrics``) and rolled up by role/tier (``per_role``) and
   by run (``runs_table``): a receipt (``advisory.received``, kind add) or a created demand
@@ -29,14 +30,22 @@ cluster's executors need nothing of treefed and only small aggregates reach the 
   once per subscriber (broker and subscription id) -- the unit the runner's ``expected``
   in ``summary.json`` counts (absent for logs without one); ``duplicates`` counts
   deliveries beyond one per copy; ``stranded`` counts ``message.stranded`` lines.
-* ``convergence`` pairs each ``consumer.added`` with the ``demand.created`` lines for that
-  consumer id up to its next add, and measures to the last one; a consumer whose interest
-  created no demand anywhere has no convergence time (it is still counted in
-  ``consumers``).  A ``consumer.added`` carrying a local id is qualified with its broker.
-  Times are rounded to the microsecond, below which epoch-second subtraction is noise.
+* ``convergence`` is the *first* convergence: each consumer's first ``consumer.added`` to
+  the last ``demand.created`` for that id before its next add or the run's next fault
+  event, whichever is first.  ``fault_events`` are the times a link went down or came back
+  after one; ``recovery`` times each, to the last demand change before the next.  A
+  ``consumer.added`` carrying a local id is qualified with its broker.  Times are rounded
+  to the microsecond, below which epoch-second subtraction is noise.
+* Spill is split by the consumer's broker (``origin``): ``sibling_spill`` at a store
+  about another store's consumer, ``downward_spill`` at a store about a region's or HQ's.
+* The accounting columns come from ``summary.json`` (the runner judged every delivery
+  against its plan); ``integrity.run_problems`` refuses a run whose log or accounting is
+  not whole.
 
-The job never writes to the run directories and never fails on a bad line; it fails
-only when a run directory holds no event log.
+The job never writes to the run directories.  A few bad lines are counted and skipped;
+a run that is not whole evidence (no complete summary.json, a truncated log, more than
+``integrity.MAX_BAD_SHARE`` unparseable lines, accounting that does not close) is refused
+with exit 2 -- and nothing written -- unless ``--allow-partial`` includes it, flagged.
 """
 
 from __future__ import annotations
@@ -63,6 +72,8 @@ from pyspark.sql import types as T
 
 __all__ = [
     "RUN_COLUMNS",
+    "fault_events",
+    "recovery",
     "ROLE_COLUMNS",
     "USED_COLUMNS",
     "Tables",
@@ -79,6 +90,7 @@ __all__ = [
     "advisory_metrics",
     "demand_metrics",
     "delivery_metrics",
+    "stranded_where",
     "convergence",
     "broker_metrics",
     "per_role",
@@ -97,18 +109,25 @@ RUN_COLUMNS: tuple[str, ...] = (
     "max_demand_per_broker", "expected", "delivered", "delivery_ratio", "deliveries",
     "duplicates", "stranded", "convergence_median_s", "convergence_p99_s", "lines",
     "bad_lines", "run_wall_s", "run_peak_rss_mb",
+    # the accounting (summary.json): expected = delivered + stranded + dropped + lost
+    "dropped", "dropped_reasons", "lost", "stranded_at", "stranded_log", "summary_lines",
+    "finished", "problems",
+    # spill by origin, and recovery after fault events apart from the first convergence
+    "sibling_spill", "downward_spill", "fault_events", "recovery_max_s", "recovery",
 )
 
 #: Columns of per_role.csv / the per-role table, in order.
 ROLE_COLUMNS: tuple[str, ...] = (
     "run", "scenario", "mode", "ttl", "stores_per_region", "role", "tier", "brokers",
     "advisory_frames", "advisory_receipts", "spilled_advisories", "demand_created",
-    "wasted_demand", "max_demand_per_broker", "deliveries", "stranded",
+    "wasted_demand", "max_demand_per_broker", "deliveries", "stranded", "sibling_spill",
+    "downward_spill",
 )
 
 #: The event fields the metrics read; ``compute`` parses and caches only these.
 USED_COLUMNS: tuple[str, ...] = (
     "run", "ts", "broker", "event", "kind", "consumer", "dst", "msg", "role", "node_type",
+    "origin",
     "parent", "scenario", "mode", "engine", "brokers", "links", "params", CORRUPT,
 )
 
@@ -128,11 +147,18 @@ _SUMMARY_SCHEMA = T.StructType([
     T.StructField("expected", T.LongType()),
     T.StructField("wall_s", T.DoubleType()),
     T.StructField("peak_rss_mb", T.DoubleType()),
+    T.StructField("delivered", T.LongType()),
+    T.StructField("stranded", T.LongType()),
+    T.StructField("dropped", T.LongType()),
+    T.StructField("dropped_by_reason", T.MapType(T.StringType(), T.LongType())),
+    T.StructField("lost", T.LongType()),
+    T.StructField("events", T.LongType()),
 ])
 
 # Event-name groups used by more than one stage.
-_INTEREST_EVENTS = ("consumer.added", "message.produced", "message.forwarded",
-                    "message.delivered")
+# A broker *sends to* a destination when it produces or forwards a message of it: only
+# then is interest in that destination of use to it (a local consumer of its own is not).
+_INTEREST_EVENTS = ("message.produced", "message.forwarded")
 _KNOWN_TIERS = ("country", "region", "store")
 
 
@@ -224,10 +250,12 @@ def _bad() -> Column:
 
 
 def line_counts(raw: DataFrame) -> DataFrame:
-    """Per run: ``lines`` read and ``bad_lines`` (unparseable, or no event/broker)."""
+    """Per run: ``lines`` read, ``bad_lines`` (unparseable, or no event/broker) and
+    ``finished`` (parseable ``run.finished`` lines: a whole log has one)."""
     return raw.groupBy("run").agg(
         F.count(F.lit(1)).alias("lines"),
         F.count(F.when(_bad(), 1)).alias("bad_lines"),
+        F.count(F.when(~_bad() & _is("run.finished"), 1)).alias("finished"),
     )
 
 
@@ -280,7 +308,10 @@ def _pattern_regex(pattern: Column) -> Column:
 
 
 def interest(events: DataFrame) -> DataFrame:
-    """Distinct (run, broker, dst) such that ``interested(broker, dst)`` (DESIGN §5)."""
+    """Distinct (run, broker, dst) such that the broker *sends to* dst: it produced or
+    forwarded a message of it.  A wildcard dst counts where a matching concrete one does.
+    Interest in dst -- an advisory, a demand subscription -- is useful at such a broker
+    only."""
     direct = (events.where(_is(*_INTEREST_EVENTS) & F.col("dst").isNotNull())
               .select("run", "broker", "dst").distinct())
     patterns = (events.where(F.col("dst").contains("*") | F.col("dst").contains(">"))
@@ -303,16 +334,40 @@ def _is_add() -> Column:
     return F.coalesce(F.col("kind"), F.lit("add")) == "add"
 
 
-def advisory_metrics(events: DataFrame, interested: DataFrame) -> DataFrame:
+def _store(broker: Column, role: Column) -> Column:
+    """A store: a tree leaf by its broker.info, else a ``store-`` site by its id."""
+    return (F.coalesce(role, F.lit("")) == "leaf") | (site_tier(broker) == "store")
+
+
+def advisory_metrics(events: DataFrame, interested: DataFrame,
+                     roles: DataFrame | None = None) -> DataFrame:
     """Per (run, broker): advisory_frames sent, advisory_receipts, spilled_advisories
-    (add advisories only; removals mirror them)."""
+    (add advisories only; removals mirror them), and the spill split by where it comes
+    from: ``sibling_spill`` (a store receiving about another store's consumer) and
+    ``downward_spill`` (a store receiving region or HQ interest, AMQ-2875 rule 4); the rest
+    of the spill lands at regions and HQ.  The consumer's broker is the advisory's
+    ``origin`` (else the first part of the consumer id); stores as ``_store``."""
     adds = events.where(_is("advisory.sent", "advisory.received") & _is_add())
-    flagged = _against_interest(adds.select("run", "broker", "dst", "event"), interested)
+    origin = F.coalesce(F.col("origin"), F.substring_index("consumer", "/", 1))
+    flagged = _against_interest(
+        adds.select("run", "broker", "dst", "event", origin.alias("origin")), interested)
+    if roles is None:
+        roles = events.where(F.lit(False)).select(
+            "run", "broker", F.lit(None).cast("string").alias("role"))
+    r = roles.select("run", "broker", "role")
+    flagged = (flagged.join(r, ["run", "broker"], "left")
+               .join(r.select("run", F.col("broker").alias("origin"),
+                              F.col("role").alias("origin_role")), ["run", "origin"], "left"))
     received = _is("advisory.received")
+    spilled = received & ~F.col("useful")
+    at_store = _store(F.col("broker"), F.col("role"))
+    from_store = _store(F.col("origin"), F.col("origin_role"))
     return flagged.groupBy("run", "broker").agg(
         F.count(F.when(_is("advisory.sent"), 1)).alias("advisory_frames"),
         F.count(F.when(received, 1)).alias("advisory_receipts"),
-        F.count(F.when(received & ~F.col("useful"), 1)).alias("spilled_advisories"),
+        F.count(F.when(spilled, 1)).alias("spilled_advisories"),
+        F.count(F.when(spilled & at_store & from_store, 1)).alias("sibling_spill"),
+        F.count(F.when(spilled & at_store & ~from_store, 1)).alias("downward_spill"),
     )
 
 
@@ -354,31 +409,101 @@ def delivery_metrics(events: DataFrame) -> DataFrame:
     )
 
 
-def convergence(events: DataFrame) -> DataFrame:
-    """Per run: consumers (distinct ids added), convergence_median_s, convergence_p99_s."""
+#: Brokers named per run in ``stranded_at`` (most stranded first).
+STRANDED_BROKERS_SHOWN = 3
+
+
+def stranded_where(events: DataFrame) -> DataFrame:
+    """Per run with stranded messages: ``stranded_at``, the brokers holding the most
+    ("store-r1-0002: 3, hq: 1"; ties by name; "+N more brokers" when there are more)."""
+    per = (events.where(_is("message.stranded")).groupBy("run", "broker")
+           .agg(F.count(F.lit(1)).alias("n")))
+    listed = per.groupBy("run").agg(
+        F.sort_array(F.collect_list(F.struct((-F.col("n")).alias("k"), "broker", "n")))
+        .alias("all"))
+    top = F.slice("all", 1, STRANDED_BROKERS_SHOWN)
+    named = F.array_join(F.transform(top, lambda x: F.concat_ws(
+        ": ", x["broker"], x["n"].cast("string"))), ", ")
+    more = F.size("all") - STRANDED_BROKERS_SHOWN
+    return listed.select("run", F.when(more > 0, F.concat(
+        named, F.lit(", +"), more.cast("string"), F.lit(" more brokers")))
+        .otherwise(named).alias("stranded_at"))
+
+
+def fault_events(events: DataFrame) -> DataFrame:
+    """Per run, the distinct times at which the estate changed under the consumers:
+    a ``link.down`` (a cut, a killed broker), or a ``link.up`` after the run's first
+    link.down (a restore, a restart).  (run, fault_ts, downs, ups)."""
+    first_down = (events.where(_is("link.down")).groupBy("run")
+                  .agg(F.min("ts").alias("first_down")))
+    links = events.where(_is("link.down", "link.up")).join(first_down, "run")
+    changes = links.where(_is("link.down") | (F.col("ts") > F.col("first_down")))
+    return changes.groupBy("run", F.col("ts").alias("fault_ts")).agg(
+        F.count(F.when(_is("link.down"), 1)).alias("downs"),
+        F.count(F.when(_is("link.up"), 1)).alias("ups"))
+
+
+def recovery(events: DataFrame, faults: DataFrame | None = None) -> DataFrame:
+    """Per run with fault events: ``fault_events`` (how many), ``recovery_max_s`` and
+    ``recovery`` ("10.000 s: 0.00200, 20.000 s: 0.00400"): for each fault event, the time from it to
+    the last demand created or removed before the next one (0 when none changed)."""
+    faults = fault_events(events) if faults is None else faults
+    nxt = Window.partitionBy("run").orderBy("fault_ts")
+    spans = faults.withColumn("until", F.lead("fault_ts").over(nxt))
+    changes = (events.where(_is("demand.created", "demand.removed"))
+               .select("run", F.col("ts").alias("demand_ts")))
+    inside = ((F.col("demand_ts") >= F.col("fault_ts"))
+              & (F.col("until").isNull() | (F.col("demand_ts") < F.col("until"))))
+    per = (spans.join(changes, "run", "left")
+           .groupBy("run", "fault_ts")
+           .agg(F.coalesce(F.round(F.max(F.when(inside, F.col("demand_ts")))
+                                   - F.col("fault_ts"), 6), F.lit(0.0)).alias("s")))
+    listed = F.sort_array(F.collect_list(F.struct("fault_ts", "s")))
+    text = F.array_join(F.transform(listed, lambda x: F.concat(
+        F.format_number(x["fault_ts"], 3), F.lit(" s: "),
+        F.format_string("%.3g", x["s"]))), ", ")
+    return per.groupBy("run").agg(F.count(F.lit(1)).alias("fault_events"),
+                                  F.max("s").alias("recovery_max_s"),
+                                  text.alias("recovery"))
+
+
+def convergence(events: DataFrame, faults: DataFrame | None = None) -> DataFrame:
+    """Per run: consumers (distinct ids added), convergence_median_s, convergence_p99_s
+    -- the *first* convergence: each consumer's first add, to its last demand created
+    before its next add or the run's next fault event (``fault_events``), whichever comes
+    first; what follows a fault is ``recovery``."""
     qualified = F.when(F.col("consumer").startswith(F.concat(F.col("broker"), F.lit("/"))),
                        F.col("consumer")).otherwise(F.concat_ws("/", "broker", "consumer"))
     added = (events.where(_is("consumer.added"))
              .select("run", qualified.alias("consumer"), F.col("ts").alias("added_ts")))
     next_add = Window.partitionBy("run", "consumer").orderBy("added_ts")
-    added = added.withColumn("until", F.lead("added_ts").over(next_add))
+    added = (added.withColumn("until", F.lead("added_ts").over(next_add))
+             .withColumn("nth", F.row_number().over(next_add)))
+    faults = fault_events(events) if faults is None else faults
+    cut = (added.join(faults.select("run", "fault_ts"), "run", "left")
+           .where(F.col("fault_ts") > F.col("added_ts"))
+           .groupBy("run", "consumer", "added_ts").agg(F.min("fault_ts").alias("fault")))
+    added = (added.join(cut, ["run", "consumer", "added_ts"], "left")
+             .withColumn("until", F.least("until", "fault"))
+             .withColumn("first", F.col("nth") == 1))
     demand = (events.where(_is("demand.created"))
               .select("run", "consumer", F.col("ts").alias("demand_ts")))
     in_window = ((F.col("demand_ts") >= F.col("added_ts"))
                  & (F.col("until").isNull() | (F.col("demand_ts") < F.col("until"))))
     per_add = (added.join(demand, ["run", "consumer"], "left")
-               .groupBy("run", "consumer", "added_ts")
+               .groupBy("run", "consumer", "added_ts", "first")
                .agg(F.round(F.max(F.when(in_window, F.col("demand_ts")))
                             - F.col("added_ts"), 6).alias("seconds")))
-    quantiles = F.percentile_approx("seconds", [0.5, 0.99])
+    first_only = F.percentile_approx(F.when(F.col("first"), F.col("seconds")), [0.5, 0.99])
     return (per_add.groupBy("run")
-            .agg(F.count_distinct("consumer").alias("consumers"), quantiles.alias("q"))
+            .agg(F.count_distinct("consumer").alias("consumers"), first_only.alias("q"))
             .select("run", "consumers",
                     F.col("q")[0].alias("convergence_median_s"),
                     F.col("q")[1].alias("convergence_p99_s")))
 
 
-def broker_metrics(events: DataFrame, interested: DataFrame) -> DataFrame:
+def broker_metrics(events: DataFrame, interested: DataFrame,
+                   roles: DataFrame | None = None) -> DataFrame:
     """Per (run, broker) of every broker that logged: advisory and demand metrics plus
     deliveries and stranded messages at that broker."""
     brokers = (events.where(~F.col("event").startswith("run."))
@@ -388,7 +513,8 @@ def broker_metrics(events: DataFrame, interested: DataFrame) -> DataFrame:
                     F.count(F.when(_is("message.delivered"), 1)).alias("deliveries"),
                     F.count(F.when(_is("message.stranded"), 1)).alias("stranded")))
     joined = brokers
-    for part in (advisory_metrics(events, interested), demand_metrics(events, interested),
+    for part in (advisory_metrics(events, interested, roles),
+                 demand_metrics(events, interested),
                  messages):
         joined = joined.join(part, ["run", "broker"], "left")
     counts = [c for c in joined.columns if c not in ("run", "broker")]
@@ -396,7 +522,7 @@ def broker_metrics(events: DataFrame, interested: DataFrame) -> DataFrame:
 
 
 _SUMMED = ("advisory_frames", "advisory_receipts", "spilled_advisories", "demand_created",
-           "wasted_demand", "deliveries", "stranded")
+           "wasted_demand", "deliveries", "stranded", "sibling_spill", "downward_spill")
 
 
 def per_role(brokers: DataFrame, roles: DataFrame, info: DataFrame) -> DataFrame:
@@ -425,19 +551,44 @@ def _ttl(frame: DataFrame) -> Column:
 
 
 def runs_table(info: DataFrame, summaries: DataFrame, lines: DataFrame,
-               brokers: DataFrame, delivery: DataFrame, converged: DataFrame) -> DataFrame:
+               brokers: DataFrame, delivery: DataFrame, converged: DataFrame,
+               where: DataFrame | None = None,
+               recovered: DataFrame | None = None) -> DataFrame:
     """One row per run with RUN_COLUMNS: log-derived metrics, run.started facts,
-    summary.json's expected count (and run cost), bad-line counts."""
+    summary.json's accounting (and run cost), bad-line counts.
+
+    ``delivered`` and ``stranded`` are summary.json's (the runner judged deliveries against
+    the plan) when there is one, else the log's; ``stranded_log`` is always the log's, so
+    the integrity check can compare them.  ``problems`` is left null for the driver's
+    integrity verdict (integrity.run_problems)."""
     rollup = brokers.groupBy("run").agg(
         F.count(F.lit(1)).alias("brokers_logged"),
         *(F.sum(c).alias(c) for c in _SUMMED if c not in ("deliveries", "stranded")),
         F.max("max_demand").alias("max_demand_per_broker"))
+    for field in _SUMMARY_SCHEMA.fields:    # a frame with fewer summary fields
+        if field.name not in summaries.columns:
+            summaries = summaries.withColumn(field.name, F.lit(None).cast(field.dataType))
+    if "finished" not in lines.columns:
+        lines = lines.withColumn("finished", F.lit(0).cast("long"))
     s = summaries.select(
         "run", *(F.col(c).alias("s_" + c) for c in summaries.columns if c != "run"))
     everyone = lines.select("run").unionByName(s.select("run")).distinct()
     joined = everyone
-    for part in (info, s, lines, rollup, delivery, converged):
+    delivery = delivery.withColumnRenamed("delivered", "delivered_log") \
+        .withColumnRenamed("stranded", "stranded_log")
+    parts = [info, s, lines, rollup, delivery, converged]
+    if where is not None:
+        parts.append(where)
+    if recovered is not None:
+        parts.append(recovered)
+    else:
+        joined = joined.withColumn("recovery_max_s", F.lit(None).cast("double")) \
+            .withColumn("recovery", F.lit(None).cast("string")) \
+            .withColumn("fault_events", F.lit(0).cast("long"))
+    for part in parts:
         joined = joined.join(part, "run", "left")
+    if where is None:
+        joined = joined.withColumn("stranded_at", F.lit(None).cast("string"))
     joined = (joined
               .withColumn("scenario", F.coalesce("scenario", "s_scenario", "run"))
               .withColumn("mode", F.coalesce("mode", "s_mode", F.lit("unknown")))
@@ -445,9 +596,15 @@ def runs_table(info: DataFrame, summaries: DataFrame, lines: DataFrame,
               .withColumn("brokers", F.coalesce("brokers", "s_brokers", "brokers_logged"))
               .withColumn("links", F.coalesce("links", "s_links")))
     zero = ("consumers", "advisory_frames", "advisory_receipts", "spilled_advisories",
-            "demand_created", "wasted_demand", "max_demand_per_broker", "delivered",
-            "deliveries", "duplicates", "stranded", "lines", "bad_lines")
+            "demand_created", "wasted_demand", "max_demand_per_broker", "delivered_log",
+            "deliveries", "duplicates", "stranded_log", "lines", "bad_lines", "finished",
+            "sibling_spill", "downward_spill", "fault_events")
     joined = joined.na.fill(0, list(zero))
+    joined = (joined.withColumn("delivered", F.coalesce("s_delivered", "delivered_log"))
+              .withColumn("stranded", F.coalesce("s_stranded", "stranded_log")))
+    reasons = F.array_join(F.transform(
+        F.array_sort(F.map_entries("s_dropped_by_reason")),
+        lambda e: F.concat_ws(" ", e["key"], e["value"].cast("string"))), ", ")
     return (joined.select(
                 "run", "scenario", "mode", _ttl(joined),
                 "engine", "brokers", "links", "regions", "stores_per_region", "depth",
@@ -461,7 +618,14 @@ def runs_table(info: DataFrame, summaries: DataFrame, lines: DataFrame,
                 "deliveries", "duplicates", "stranded", "convergence_median_s",
                 "convergence_p99_s", "lines", "bad_lines",
                 F.col("s_wall_s").alias("run_wall_s"),
-                F.col("s_peak_rss_mb").alias("run_peak_rss_mb"))
+                F.col("s_peak_rss_mb").alias("run_peak_rss_mb"),
+                F.col("s_dropped").alias("dropped"),
+                F.when(F.size("s_dropped_by_reason") > 0, reasons).alias("dropped_reasons"),
+                F.col("s_lost").alias("lost"), "stranded_at", "stranded_log",
+                F.col("s_events").alias("summary_lines"), "finished",
+                F.lit(None).cast("string").alias("problems"),
+                "sibling_spill", "downward_spill", "fault_events", "recovery_max_s",
+                "recovery")
             .orderBy("scenario", "brokers", F.col("ttl").isNotNull(), "ttl", "mode", "run"))
 
 
@@ -516,10 +680,14 @@ def compute(spark: SparkSession, paths: list[str]) -> Tables:
     info = run_info(events)
     # Small (one row per broker) and read three times: by its own table, the run rollup
     # and the role rollup.
-    brokers = broker_metrics(events, interested).persist(StorageLevel.MEMORY_AND_DISK)
+    roles_of = broker_roles(events)
+    brokers = broker_metrics(events, interested, roles_of) \
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    faults = fault_events(events)
     runs = runs_table(info, read_summaries(spark, paths), line_counts(parsed), brokers,
-                      delivery_metrics(events), convergence(events))
-    roles = per_role(brokers, broker_roles(events), info)
+                      delivery_metrics(events), convergence(events, faults),
+                      stranded_where(events), recovery(events, faults))
+    roles = per_role(brokers, roles_of, info)
     return Tables(runs=runs, per_role=roles, brokers=brokers,
                   cached=(parsed, interested, brokers))
 
@@ -580,16 +748,29 @@ def _parser() -> argparse.ArgumentParser:
                    help="shuffle partitions for a local master")
     p.add_argument("--driver-memory", default="3g", help="driver memory for a local master")
     p.add_argument("--title", default="treefed: tree vs TTL federation")
+    p.add_argument("--allow-partial", action="store_true",
+                   help="include runs that are not whole evidence (no complete "
+                        "summary.json, truncated log, unparseable lines, accounting that "
+                        "does not close), flagged in every table, instead of refusing")
     return p
+
+
+def _refuse(problems: dict[str, list[str]]) -> None:
+    for run, said in problems.items():
+        for problem in said:
+            print(f"treefed report: {run}: {problem}", file=sys.stderr)
+    print(f"treefed report: refused {len(problems)} run(s) that are not whole evidence; "
+          "run them again, or pass --allow-partial to include them flagged",
+          file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the job; print where the report is. Returns the exit status."""
     args = _parser().parse_args(argv)
+    from treefed.analysis import integrity
     from treefed.analysis import report   # matplotlib only once arguments are good
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     tables_dir = args.tables or str(out.resolve() / "tables")
     started = time.perf_counter()
     try:
@@ -597,26 +778,53 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:
         print(f"treefed report: {e}", file=sys.stderr)
         return 2
+    early = {Path(r).name: p for r in args.runs if (p := integrity.summary_problems(r))}
+    if early and not args.allow_partial:
+        _refuse(early)
+        return 2
+    if SparkSession.getActiveSession() is None and "PYSPARK_GATEWAY_PORT" not in os.environ \
+            and (problem := integrity.java_problem()) is not None:
+        print(f"treefed report: {problem}", file=sys.stderr)
+        return 2
     spark, owned = _session(args)
+    from treefed.analysis.progress import StageProgress
+
+    progress = StageProgress(spark.sparkContext.statusTracker())
+    # A truncated gzip log is read up to the cut instead of failing the job: the line count
+    # against summary.json then names the run as truncated (integrity.run_problems).
+    spark.conf.set("spark.sql.files.ignoreCorruptFiles", "true")
     session_s = time.perf_counter() - started
     try:
         job_started = time.perf_counter()
+        progress.__enter__()
         tables = compute(spark, args.runs)
-        run_rows = tables.runs.collect()
+        runs = [r.asDict() for r in tables.runs.collect()]
         role_rows = tables.per_role.collect()
+        verdict = {r["run"]: p for r in runs if (p := integrity.run_problems(r))}
+        for r in runs:
+            r["problems"] = "; ".join(verdict.get(r["run"], ())) or None
+        if verdict and not args.allow_partial:
+            tables.release()
+            _refuse(verdict)
+            return 2
         # The two small tables are written from what was collected, not recomputed.
         for name, frame in (
-                ("runs", spark.createDataFrame(run_rows, tables.runs.schema)),
+                ("runs", spark.createDataFrame([tuple(r[c] for c in tables.runs.columns)
+                                                for r in runs], tables.runs.schema)),
                 ("per_role", spark.createDataFrame(role_rows, tables.per_role.schema)),
                 ("brokers", tables.brokers)):
             frame.coalesce(1).write.mode("overwrite").parquet(f"{tables_dir}/{name}.parquet")
         tables.release()
         job_s = time.perf_counter() - job_started
-        runs = [r.asDict() for r in run_rows]
         roles = [r.asDict() for r in role_rows]
+        flagged = {r["run"] for r in runs if r["problems"]}
+        for r in roles:
+            r["partial"] = r["run"] in flagged
     finally:
+        progress.__exit__()
         if owned:
             spark.stop()
+    out.mkdir(parents=True, exist_ok=True)
     _write_csv(out / "runs.csv", RUN_COLUMNS, runs)
     _write_csv(out / "per_role.csv", ROLE_COLUMNS, roles)
     report.render(runs, roles, out, title=args.title)
@@ -625,6 +833,9 @@ def main(argv: list[str] | None = None) -> int:
         if r["bad_lines"]:
             print(f"treefed report: {r['run']}: {r['bad_lines']} of {r['lines']} lines "
                   "did not parse and were skipped", file=sys.stderr)
+        if r["problems"]:
+            print(f"treefed report: {r['run']}: included although partial: "
+                  f"{r['problems']}", file=sys.stderr)
     print(f"{len(runs)} runs, {len(files)} event logs, {lines:,} lines: "
           f"job {job_s:.1f} s ({lines / job_s if job_s else 0:,.0f} lines/s), "
           f"Spark start {session_s:.1f} s")

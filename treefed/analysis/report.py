@@ -40,24 +40,95 @@ __all__ = [
     "headline",
     "ratio",
     "summary_lines",
+    "headline_sentence",
+    "accounting",
+    "costs",
+    "mode_cost",
+    "MODE_COSTS",
+    "ACCOUNTING_COLUMNS",
     "plot_scale",
+    "plot_depth",
+    "SIZE_SWEEP",
+    "DEPTH_SWEEP",
     "plot_spill",
     "plot_role_waste",
     "plot_sensitivity",
 ]
 
 #: Scenario name prefixes that vary TTL against depth rather than estate size.
-SENSITIVITY_SCENARIOS = ("deep", "reconfigure")
+SENSITIVITY_SCENARIOS = ("sweep-depth", "deep", "reconfigure")
+#: The controlled sweeps: one workload, only stores per region (size) or the number of
+#: levels (depth) varies.  The scale and depth plots use these runs and no others.
+SIZE_SWEEP = "sweep-size"
+DEPTH_SWEEP = "sweep-depth"
 
 Row = Mapping[str, object]
+
+#: What a mode costs the operator -- configuration, and the routes it cannot serve -- by
+#: mode label prefix (longest match wins).  Stated next to each mode's spill.
+MODE_COSTS: dict[str, tuple[str, str]] = {
+    "tree": ("one tree connector per store naming its parent and node type leaf; the "
+             "same file for every store but the parent address",
+             "none: store-to-store goes up to the lowest common ancestor and down"),
+    "mesh-ttl": ("one network TTL for the whole estate, duplex connectors; the same file "
+                 "for every store",
+                 "TTL below the estate's depth strands HQ-to-store, store-to-HQ and "
+                 "store-to-store traffic; TTL at or above it floods every store"),
+    "mesh-tuned": ("one hand-written dynamically_included list per store connector (its "
+                   "own queue, its region's, HQ's, the broadcast topics): as many "
+                   "distinct files as stores, each edited for every new destination",
+                   "store-to-store queues (the sender never learns of the other store's "
+                   "consumer, so those messages strand) and any destination left off a "
+                   "list"),
+}
 
 _TIER_ORDER = {"hq": 0, "country": 1, "region": 8, "store": 9, "other": 10}
 
 
 # ----------------------------------------------------------------------------- helpers
 
+PARTIAL = " [partial]"
+
+
+def _mode(row: Row) -> str:
+    """The mode label, flagged when the run is included although partial."""
+    return str(row.get("mode")) + (PARTIAL if row.get("problems") or row.get("partial")
+                                   else "")
+
+
+def mode_cost(mode: str) -> tuple[str, str] | None:
+    """(configuration, routes it cannot serve) for a mode label, None when unknown."""
+    best = max((p for p in MODE_COSTS if mode.startswith(p)), key=len, default=None)
+    return MODE_COSTS.get(best) if best else None
+
+
+COST_COLUMNS = ("mode", "configuration the operator keeps", "routes it cannot serve",
+                "spilled", "sibling spill", "downward interest", "stranded")
+
+
+def costs(runs: Sequence[Row]) -> tuple[str, list[list[str]]]:
+    """The largest estate's runs as (estate name, rows of COST_COLUMNS): each mode's
+    cost to the operator next to its spill."""
+    groups = _groups(runs)
+    if not groups:
+        return "", []
+    (scenario, brokers, _), rows = max(groups, key=lambda g: (g[0][1], g[0][0]))
+    table = []
+    for r in rows:
+        cost = mode_cost(str(r.get("mode"))) or ("–", "–")
+        table.append([_mode(r), cost[0], cost[1], _num(r.get("spilled_advisories")),
+                      _num(r.get("sibling_spill")), _num(r.get("downward_spill")),
+                      _num(r.get("stranded"))])
+    return f"{scenario} ({_num(brokers)} brokers)", table
+
+
 def _is_tree(row: Row) -> bool:
     return str(row.get("mode") or "").startswith("tree")
+
+
+def _plain_ttl(row: Row) -> bool:
+    """A mesh mode that differs from the others by its TTL alone (not a tuned one)."""
+    return row.get("ttl") is not None and "tuned" not in str(row.get("mode"))
 
 
 def _mode_key(row: Row) -> tuple:
@@ -130,8 +201,8 @@ def _strands(row: Row) -> bool:
 
 HEADLINE_COLUMNS = (
     "scenario", "brokers", "stores/region", "mode", "advisory receipts", "spilled",
-    "demand", "wasted demand", "max demand/broker", "delivered / expected", "stranded",
-    "convergence p99 s", "spilled vs tree", "receipts vs tree", "demand vs tree",
+    "sibling spill", "downward interest", "demand", "wasted demand", "max demand/broker",
+    "delivered / expected", "stranded", "spilled vs tree", "demand vs tree",
 )
 
 
@@ -146,12 +217,12 @@ def headline(runs: Sequence[Row]) -> tuple[list[list[str]], list[str]]:
             vs = (lambda c: ratio(row.get(c), tree.get(c))) if tree and row is not tree \
                 else (lambda c: "–")
             table.append([
-                scenario, _num(brokers), _num(spr or None), str(row.get("mode")),
+                scenario, _num(brokers), _num(spr or None), _mode(row),
                 _num(row.get("advisory_receipts")), _num(row.get("spilled_advisories")),
+                _num(row.get("sibling_spill")), _num(row.get("downward_spill")),
                 _num(row.get("demand_created")), _num(row.get("wasted_demand")),
                 _num(row.get("max_demand_per_broker")), _pct(row), _num(row.get("stranded")),
-                _num(row.get("convergence_p99_s")),
-                vs("spilled_advisories"), vs("advisory_receipts"), vs("demand_created"),
+                vs("spilled_advisories"), vs("demand_created"),
             ])
             if tree and row is not tree:
                 sentences.append(
@@ -162,6 +233,34 @@ def headline(runs: Sequence[Row]) -> tuple[list[list[str]], list[str]]:
 
 
 # ----------------------------------------------------------------------------- summary
+
+def headline_sentence(runs: Sequence[Row]) -> str:
+    """One sentence with the numbers, for the top of the page: at the largest estate
+    that has a tree run, what each other mode spills against the tree and strands that
+    the tree delivers."""
+    candidates = [(key, rows) for key, rows in _groups(runs)
+                  if any(_is_tree(r) for r in rows) and len(rows) > 1]
+    if not candidates:
+        return ""
+    (scenario, brokers, spr), rows = max(candidates, key=lambda g: (g[0][1], g[0][0]))
+    tree = next(r for r in rows if _is_tree(r))
+    where = (f"At {scenario} ({_num(brokers)} brokers"
+             + (f", {_num(spr)} stores per region" if spr else "") + ")")
+    base = tree.get("spilled_advisories") or 0
+    parts = []
+    for row in rows:
+        if row is tree:
+            continue
+        spilled = row.get("spilled_advisories") or 0
+        times = ratio(spilled, base) + " the tree's" if base else f"{_num(spilled)} (tree 0)"
+        more = (row.get("stranded") or 0) - (tree.get("stranded") or 0)
+        strand = (f"strands {_plural(more, 'message')} the tree delivers" if more > 0
+                  else "strands no more than the tree")
+        parts.append(f"{_mode(row)} spills {times} spilled advisories "
+                     f"({_num(spilled)} vs {_num(base)}) and {strand}")
+    return f"{where}: " + "; ".join(parts) + "."
+
+
 
 def _waste_by_tier(roles: Sequence[Row], run: str) -> list[tuple[str, int]]:
     totals: dict[str, int] = defaultdict(int)
@@ -198,7 +297,7 @@ def summary_lines(runs: Sequence[Row], roles: Sequence[Row] = ()) -> list[str]:
                             f"and wastes {wasted}")
             else:
                 said.append("spills no advisories")
-            parts.append(f"{mode} " + " and ".join(said))
+            parts.append(f"{_mode(row)} " + " and ".join(said))
         size = f"{_num(brokers)} brokers" + (f", {spr} stores per region" if spr else "")
         lines.append(f"{scenario} ({size}): " + "; ".join(parts) + ".")
 
@@ -221,7 +320,7 @@ def summary_lines(runs: Sequence[Row], roles: Sequence[Row] = ()) -> list[str]:
                      f"that never needed them{where}.")
 
     for (scenario, brokers, _), rows in _groups(runs):
-        meshes = [r for r in rows if r.get("ttl") is not None]
+        meshes = [r for r in rows if _plain_ttl(r)]
         low = [r for r in meshes if _strands(r)]
         ok = [r for r in meshes if not _strands(r)]
         if low and ok:
@@ -254,8 +353,11 @@ def _sensitivity(row: Row) -> bool:
 
 
 def plot_scale(runs: Sequence[Row]) -> bytes | None:
-    """Demand subscriptions and advisory receipts against stores per region, log scale."""
-    rows = [r for r in runs if not _sensitivity(r) and r.get("stores_per_region")]
+    """Demand subscriptions and advisory receipts against stores per region, log scale:
+    the size sweep's runs (``SIZE_SWEEP``) only -- points from different workloads would
+    not be a controlled comparison."""
+    rows = [r for r in runs if str(r.get("scenario")).startswith(SIZE_SWEEP)
+            and r.get("stores_per_region")]
     if not rows:
         return None
     colour = _palette(runs)
@@ -275,10 +377,40 @@ def plot_scale(runs: Sequence[Row]) -> bytes | None:
         xs = [r["stores_per_region"] for r in rows]
         if max(xs) >= 10 * min(xs):
             ax.set_xscale("log")
-        ax.set_xlabel("stores per region")
+        ax.set_xlabel("stores per region (4 regions)")
+        ax.set_ylabel(title)
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend()
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
+    return _png(fig)
+
+
+def plot_depth(runs: Sequence[Row]) -> bytes | None:
+    """Spilled advisories and stranded messages against the number of levels below HQ:
+    the depth sweep's runs (``DEPTH_SWEEP``) only."""
+    rows = [r for r in runs if str(r.get("scenario")).startswith(DEPTH_SWEEP)
+            and r.get("depth") is not None]
+    if not rows:
+        return None
+    colour = _palette(runs)
+    fig = Figure(figsize=(11, 4.2))
+    axes = fig.subplots(1, 2)
+    for ax, column, title in ((axes[0], "spilled_advisories", "spilled advisories"),
+                              (axes[1], "stranded", "stranded messages")):
+        by_mode: dict[str, list[Row]] = defaultdict(list)
+        for r in rows:
+            by_mode[str(r.get("mode"))].append(r)
+        for mode, series in sorted(by_mode.items(), key=lambda kv: _mode_key(kv[1][0])):
+            series.sort(key=lambda r: r["depth"])
+            ax.plot([r["depth"] for r in series], [r.get(column) or 0 for r in series],
+                    marker="o", label=mode, color=colour[mode])
+        ax.set_yscale("symlog", linthresh=1)
+        ax.set_xticks(sorted({r["depth"] for r in rows}))
+        ax.set_xlabel("levels below HQ (same stores)")
+        ax.set_ylabel(title)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
     return _png(fig)
 
 
@@ -301,6 +433,7 @@ def plot_spill(runs: Sequence[Row]) -> bytes | None:
     ax.invert_yaxis()
     ax.set_xscale("symlog", linthresh=1)
     ax.set_xlabel("advisory receipts")
+    ax.set_ylabel("run: scenario (brokers) · mode")
     ax.set_title("spilled vs useful advisories", loc="right")
     ax.set_xlim(left=0)
     ax.legend(loc="lower left", bbox_to_anchor=(0, 1.04), ncol=2, frameon=False)
@@ -338,8 +471,10 @@ def plot_role_waste(runs: Sequence[Row], roles: Sequence[Row]) -> tuple[bytes, s
         ax.set_yscale("symlog", linthresh=1)
         ax.set_ylim(0, top * 3)   # symlog autoscaling clips the tallest bar
         ax.set_title(column.replace("_", " ") + " by site tier")
+        ax.set_xlabel("site tier")
+        ax.set_ylabel(column.replace("_", " "))
         ax.grid(True, axis="y", alpha=0.3)
-    axes[0].legend()
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
     return _png(fig), f"{estate[0]} ({_num(estate[1])} brokers)"
 
 
@@ -347,7 +482,7 @@ def plot_sensitivity(runs: Sequence[Row]) -> bytes | None:
     """Delivery, stranded and spilled against TTL, one line per scenario/depth; tree as
     a dashed reference line."""
     chosen = [r for r in runs if _sensitivity(r)] or list(runs)
-    mesh = [r for r in chosen if r.get("ttl") is not None]
+    mesh = [r for r in chosen if _plain_ttl(r)]
     if not mesh:
         return None
     finite = [r["ttl"] for r in mesh if r["ttl"] >= 0]
@@ -363,7 +498,7 @@ def plot_sensitivity(runs: Sequence[Row]) -> bytes | None:
     trees: dict[tuple, Row] = {}
     for r in chosen:
         key = (str(r.get("scenario")), r.get("depth"), r.get("brokers"))
-        if r.get("ttl") is not None:
+        if _plain_ttl(r):
             series[key].append(r)
         elif _is_tree(r):
             trees[key] = r
@@ -387,6 +522,7 @@ def plot_sensitivity(runs: Sequence[Row]) -> bytes | None:
         ax.set_xticks(ticks, ["∞" if t == unlimited_at and unlimited else str(t)
                               for t in ticks])
         ax.set_xlabel("network TTL")
+        ax.set_ylabel(title)
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
         if column == "spilled_advisories":
@@ -394,40 +530,60 @@ def plot_sensitivity(runs: Sequence[Row]) -> bytes | None:
             top = max([r.get(column) or 0 for r in chosen] + [1])
             ax.set_ylim(0, top * 3)
     axes[0].set_ylim(-0.05, 1.05)
-    axes[0].legend(fontsize="small")
+    axes[2].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1),
+                   frameon=False)
     return _png(fig)
 
 
 # ----------------------------------------------------------------------------- output
 
+# The headline and accounting tables carry spill, demand and delivery; this one the rest
+# (a table of every column would not fit a 1,400-pixel window; runs.csv has them all).
 _RUN_TABLE = (("scenario", "scenario"), ("mode", "mode"), ("brokers", "brokers"),
               ("stores_per_region", "stores/region"), ("depth", "depth"),
               ("consumers", "consumers"), ("advisory_frames", "advisory frames"),
-              ("advisory_receipts", "receipts"), ("spilled_advisories", "spilled"),
-              ("advisories_per_consumer", "receipts/consumer"),
-              ("demand_created", "demand"), ("wasted_demand", "wasted"),
-              ("max_demand_per_broker", "max demand/broker"), ("expected", "expected"),
-              ("delivered", "delivered"), ("duplicates", "duplicates"),
-              ("stranded", "stranded"), ("convergence_median_s", "conv. median s"),
-              ("convergence_p99_s", "conv. p99 s"), ("bad_lines", "bad lines"))
+              ("advisories_per_consumer", "receipts/consumer"), ("duplicates", "duplicates"),
+              ("convergence_median_s", "first conv. median s"),
+              ("convergence_p99_s", "first conv. p99 s"), ("fault_events", "fault events"),
+              ("recovery", "recovery per fault event (at: s)"), ("bad_lines", "bad lines"))
 
 _ROLE_TABLE = (("scenario", "scenario"), ("mode", "mode"), ("role", "role"),
                ("tier", "tier"), ("brokers", "brokers"),
                ("advisory_receipts", "receipts"), ("spilled_advisories", "spilled"),
+               ("sibling_spill", "sibling"), ("downward_spill", "downward"),
                ("demand_created", "demand"), ("wasted_demand", "wasted"),
                ("max_demand_per_broker", "max demand/broker"), ("stranded", "stranded"))
 
 _DEFINITIONS = (
-    "A broker is *interested* in a destination when it had a local consumer or producer "
-    "for it, or forwarded or delivered a message of it (DESIGN §5).",
-    "Advisory receipts count add advisories received; *spilled* ones arrived at a broker "
-    "not interested in their destination. Receipts per consumer = receipts / consumers.",
+    "A broker *sends to* a destination when, in the run, it produced a message to it or "
+    "forwarded one of it. Interest in a destination is *useful* only at a broker that "
+    "sends to it: a consumer of the broker's own does not make other brokers' consumers "
+    "on the same destination useful to it.",
+    "Advisory receipts count add advisories received (removals mirror them); *spilled* "
+    "ones arrived at a broker that never sends to their destination. Receipts per "
+    "consumer = receipts / consumers.",
+    "Spill by origin: *sibling spill* is advisories a store receives about another "
+    "store's consumers (TTL flooding across the region); *downward interest* is region or "
+    "HQ interest sent to stores that never send to it (AMQ-2875 rule 4: interest at a "
+    "branch or the root travels down its whole subtree -- the tree connector does this "
+    "too, which is where the tree's own spill comes from). The rest of the spill lands at "
+    "regions and HQ.",
     "Demand is a demand subscription created for remote interest; *wasted* demand sits at "
-    "a broker not interested in its destination. Max demand/broker is the peak held.",
+    "a broker that never sends to its destination. Max demand/broker is the peak held.",
     "Delivered counts copies: a queue message once, a topic message once per subscriber, "
     "the unit of the runner's expected (summary.json); stranded counts messages held at "
     "the end with no route.",
-    "Convergence runs from a consumer being added to the last demand created for it.",
+    "First convergence runs from a consumer's first add to the last demand created for "
+    "it before the run's next fault event. A fault event is a link going down (cut, "
+    "broker killed) or coming back after one; its *recovery* is the time from it to the "
+    "last demand created or removed before the next fault event, reported per event.",
+    "Accounting, per expected copy (a queue message is one, a topic message one per "
+    "subscriber): expected = delivered + stranded + dropped + lost. Stranded: a queue "
+    "message still waiting at the end, at the broker named, with no route to its "
+    "consumer. Dropped: refused by a broker with a logged reason (no_route: a topic "
+    "message reached a broker that knew no subscriber for it; broker_killed: a "
+    "non-persistent message held by a broker that was killed). Lost: none of these; a "
+    "run whose lost is not 0 is refused.",
 )
 
 
@@ -445,14 +601,29 @@ def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _cells(rows: Sequence[Row], spec: Sequence[tuple[str, str]]) -> list[list[str]]:
-    return [[_num(r.get(key)) for key, _ in spec] for r in rows]
+    return [[_mode(r) if key == "mode" else _num(r.get(key)) for key, _ in spec]
+            for r in rows]
+
+
+ACCOUNTING_COLUMNS = ("scenario", "brokers", "mode", "expected", "delivered", "stranded",
+                      "stranded at (most first)", "dropped", "dropped by reason", "lost")
+
+
+def accounting(runs: Sequence[Row]) -> list[list[str]]:
+    """Per run, where every expected message copy went:
+    expected = delivered + stranded + dropped + lost (a "–" where the run has no
+    summary.json to say)."""
+    return [[str(r.get("scenario")), _num(r.get("brokers")), _mode(r),
+             _num(r.get("expected")), _num(r.get("delivered")), _num(r.get("stranded")),
+             str(r.get("stranded_at") or "–"), _num(r.get("dropped")),
+             str(r.get("dropped_reasons") or "–"), _num(r.get("lost"))] for r in runs]
 
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;
 color:#222;line-height:1.45}table{border-collapse:collapse;font-size:13px;margin:1em 0}
 th,td{border:1px solid #ccc;padding:3px 7px;text-align:right}th{background:#f0f0f0}
 td:nth-child(-n+4){text-align:left}img{max-width:100%;border:1px solid #eee}
-figure{margin:1.5em 0}figcaption{color:#555;font-size:14px}code{background:#f5f5f5}"""
+figure{margin:1.5em 0}.headline{font-size:18px;font-weight:600}figcaption{color:#555;font-size:14px}code{background:#f5f5f5}"""
 
 
 def render(runs: Sequence[Row], roles: Sequence[Row], out_dir: str | Path, *,
@@ -467,8 +638,13 @@ def render(runs: Sequence[Row], roles: Sequence[Row], out_dir: str | Path, *,
 
     plots: list[tuple[str, str, bytes]] = []   # (name, caption, png)
     if (png := plot_scale(runs)) is not None:
-        plots.append(("scale", "Demand subscriptions and advisory receipts against stores "
-                               "per region (log scale).", png))
+        plots.append(("scale", "Size sweep (one workload, 4 regions): demand subscriptions "
+                               "and advisory receipts against stores per region (log "
+                               "scale).", png))
+    if (png := plot_depth(runs)) is not None:
+        plots.append(("depth", "Depth sweep (one workload, the same stores): spilled "
+                               "advisories and stranded messages against levels below HQ.",
+                      png))
     if (png := plot_spill(runs)) is not None:
         plots.append(("spill", "Spilled vs useful advisory receipts per run.", png))
     if (drawn := plot_role_waste(runs, roles)) is not None:
@@ -489,9 +665,21 @@ def render(runs: Sequence[Row], roles: Sequence[Row], out_dir: str | Path, *,
     run_rows = _cells(runs, _RUN_TABLE)
     role_rows = _cells(roles, _ROLE_TABLE)
 
-    md = [f"# {title}", "", "## Summary", ""] + [f"- {s}" for s in summary]
+    acct = accounting(runs)
+    partial = [f"{r.get('run')}: {r.get('problems')}" for r in runs if r.get("problems")]
+    top = headline_sentence(runs)
+    md = [f"# {title}", ""] + ([f"**{top}**", ""] if top else []) + \
+         ["## Summary", ""] + [f"- {s}" for s in summary]
+    if partial:
+        md += ["", "## Partial runs (included with --allow-partial)", ""] + \
+              [f"- {p}" for p in partial]
     md += ["", "## Headline: tree vs each TTL mode", "", _md_table(HEADLINE_COLUMNS, table),
            ""] + [f"- {s}" for s in sentences]
+    cost_estate, cost_rows = costs(runs)
+    md += ["", f"## What each mode costs the operator: {cost_estate}", "",
+           _md_table(COST_COLUMNS, cost_rows)]
+    md += ["", "## Accounting: where every expected copy went", "",
+           _md_table(ACCOUNTING_COLUMNS, acct)]
     md += ["", "## Plots", ""]
     md += [f"![{caption}]({name}.png)\n\n{caption}\n" for name, caption, _ in plots]
     md += ["## All runs", "", _md_table([h for _, h in _RUN_TABLE], run_rows), "",
@@ -513,9 +701,17 @@ def render(runs: Sequence[Row], roles: Sequence[Row], out_dir: str | Path, *,
     page = (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>"
-        f"<h1>{html.escape(title)}</h1><h2>Summary</h2>{li(summary)}"
-        f"<h2>Headline: tree vs each TTL mode</h2>{_html_table(HEADLINE_COLUMNS, table)}"
-        f"{li(sentences)}<h2>Plots</h2>{figures}"
+        f"<h1>{html.escape(title)}</h1>"
+        + (f'<p class="headline">{html.escape(top)}</p>' if top else "")
+        + f"<h2>Summary</h2>{li(summary)}"
+        + (f"<h2>Partial runs (included with --allow-partial)</h2>{li(partial)}"
+           if partial else "")
+        + f"<h2>Headline: tree vs each TTL mode</h2>{_html_table(HEADLINE_COLUMNS, table)}"
+        f"{li(sentences)}"
+        f"<h2>What each mode costs the operator: {html.escape(cost_estate)}</h2>"
+        f"{_html_table(COST_COLUMNS, cost_rows)}"
+        f"<h2>Accounting: where every expected copy went</h2>"
+        f"{_html_table(ACCOUNTING_COLUMNS, acct)}<h2>Plots</h2>{figures}"
         f"<h2>All runs</h2>{_html_table([h for _, h in _RUN_TABLE], run_rows)}"
         f"<h2>Per role and tier</h2>{_html_table([h for _, h in _ROLE_TABLE], role_rows)}"
         f"<h2>Definitions</h2>{li(_DEFINITIONS)}"

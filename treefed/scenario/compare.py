@@ -2,12 +2,15 @@
 
 Theory of operation
 -------------------
-Runs each scenario with the replay engine under the tree connector and the mesh
-connector at TTL 1, 2 and 3 (duplex links; the scenario's own modes are kept, the
-missing ones of that set added), then hands every run directory to the Spark job
-(``treefed.analysis.job.main``) and prints where the report is.  The default set is
-``retail-small``, ``retail-4x250``, ``deep``, ``reconfigure`` and ``churn``; ``--full`` adds
-``retail-4x1000`` (millions of events at TTL 2 and 3).  A scenario is a file path or
+Runs each scenario with the replay engine under the tree connector, the mesh
+connector at TTL 1, 2 and 3 (duplex links) and the tuned mesh of baselines.py (each
+store's connector limited to its own, its region's and HQ's queues); the scenario's own
+modes are kept, the missing ones of that set added, then hands every run directory to the Spark job
+(``treefed.analysis.job.main``) and prints where the report is.  The default set is the
+size sweep ``sweep-size-4x0005`` .. ``4x0250`` (one workload, 4 regions, 5 to 250 stores
+each), the depth sweep ``sweep-depth-2`` .. ``4`` (240 stores, 2 to 4 levels below HQ),
+``reconfigure`` and ``churn``; ``--full`` adds ``sweep-size-4x1000`` (millions of events
+at TTL 2 and 3).  Java is checked before the first run (the report needs it).  A scenario is a file path or
 the name of a file in ``scenarios/`` (the working directory's, else the checkout's).
 Every scenario is validated before the first run starts.
 """
@@ -22,13 +25,18 @@ from pathlib import Path
 from typing import Sequence
 
 from treefed.errors import ConfigError
+from treefed.scenario.baselines import TUNED_MODES, tuned_modes
 from treefed.scenario.spec import Mode, Scenario, load_scenario
 
 __all__ = ["main", "DEFAULT_SCENARIOS", "FULL_SCENARIOS", "COMPARED_MODES",
            "find_scenario", "with_compared_modes"]
 
-DEFAULT_SCENARIOS = ("retail-small", "retail-4x250", "deep", "reconfigure", "churn")
-FULL_SCENARIOS = (*DEFAULT_SCENARIOS, "retail-4x1000")
+#: The controlled sweeps (one workload each; report.py's scale and depth plots use only
+#: them), then the fault scenarios.
+SIZE_SWEEP = tuple(f"sweep-size-4x{n:04d}" for n in (5, 25, 100, 250))
+DEPTH_SWEEP = ("sweep-depth-2", "sweep-depth-3", "sweep-depth-4")
+DEFAULT_SCENARIOS = (*SIZE_SWEEP, *DEPTH_SWEEP, "reconfigure", "churn")
+FULL_SCENARIOS = (*DEFAULT_SCENARIOS, "sweep-size-4x1000")
 #: label -> (connector, options) every compared scenario runs under.
 COMPARED_MODES: dict[str, tuple[str, dict]] = {
     "tree": ("tree", {}),
@@ -54,10 +62,14 @@ def find_scenario(name: str) -> Path:
 
 
 def with_compared_modes(scenario: Scenario) -> Scenario:
-    """``scenario`` with every mode of COMPARED_MODES it lacks appended."""
+    """``scenario`` with every mode of COMPARED_MODES it lacks appended, then the tuned
+    baselines (baselines.py) with the network TTL set to the estate's depth."""
     modes = list(scenario.modes)
     have = {m.label for m in modes}
-    for label, (connector, options) in COMPARED_MODES.items():
+    wanted = dict(COMPARED_MODES)
+    if any(label not in have for label in TUNED_MODES):
+        wanted.update(tuned_modes(scenario.build_topology().depth))
+    for label, (connector, options) in wanted.items():
         if label not in have:
             modes.append(Mode(label, connector, dict(options)))
     return dataclasses.replace(scenario, modes=tuple(modes))
@@ -69,15 +81,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                                             "report with the Spark job")
     p.add_argument("scenarios", nargs="*", help="scenario names or files (default: "
                                                  + ", ".join(DEFAULT_SCENARIOS) + ")")
-    p.add_argument("--full", action="store_true", help="also run retail-4x1000")
+    p.add_argument("--full", action="store_true",
+                   help="also run sweep-size-4x1000 (4 x 1,000 stores)")
     p.add_argument("--out", default="runs", help="directory for run directories")
     p.add_argument("--report", default=None,
                    help="report directory (default reports/compare-<time>)")
     p.add_argument("--no-report", action="store_true", help="run only, skip the Spark job")
     args = p.parse_args(argv)
     names = args.scenarios or list(FULL_SCENARIOS if args.full else DEFAULT_SCENARIOS)
-    if args.full and args.scenarios and "retail-4x1000" not in names:
-        names.append("retail-4x1000")
+    if args.full and args.scenarios and "sweep-size-4x1000" not in names:
+        names.append("sweep-size-4x1000")
     try:
         scenarios = [with_compared_modes(load_scenario(find_scenario(n))) for n in names]
     except ConfigError as exc:
@@ -85,6 +98,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         notes = "".join(f" ({n})" for n in getattr(exc, "__notes__", ()))
         print(f"treefed compare: {key}{exc.problem}{notes}", file=sys.stderr)
         return 2
+    if not args.no_report:
+        # The report needs Java; find out now, not after every scenario has run.
+        from treefed.analysis.integrity import java_problem
+
+        if (problem := java_problem()) is not None:
+            print(f"treefed compare: {problem} (or pass --no-report to run only)",
+                  file=sys.stderr)
+            return 2
 
     from rich.console import Console
 

@@ -19,6 +19,15 @@ holder was killed while holding it and it was not persistent (then it is *lost*:
 plan's expectations (workload.py): ``delivered`` counts expected deliveries that
 happened, ``duplicates`` deliveries beyond one per expected unit, ``unexpected``
 deliveries to consumers the plan did not expect.
+
+The accounting closes per delivery unit (a queue message is one unit, a topic message one
+per expected subscriber): ``expected = delivered + stranded + dropped + lost``.  An
+undelivered queue message is *stranded* (waiting at its holder, one ``message.stranded``
+line), or *dropped* with the reason of its ``message.dropped`` line, or with reason
+``broker_killed`` when it was non-persistent at a broker that was killed.  A topic
+message's undelivered units are dropped with the reason of its drop line (``no_route``:
+a broker on its path knew no subscriber).  ``lost`` is what none of these explains --
+it must be 0, and the report refuses a run where it is not.
 """
 
 from __future__ import annotations
@@ -27,7 +36,10 @@ from typing import Any
 
 from treefed.scenario.workload import Plan
 
-__all__ = ["Recorder", "subscription_of"]
+__all__ = ["Recorder", "subscription_of", "KILLED"]
+
+#: ``dropped_by_reason`` key of non-persistent messages held by a broker that was killed.
+KILLED = "broker_killed"
 
 
 def subscription_of(consumer: str) -> str:
@@ -40,7 +52,7 @@ class Recorder:
 
     __slots__ = ("plan", "writer", "counts", "adds_sent", "adds_received", "removes_sent",
                  "deliveries", "holder", "done", "lost", "_handlers", "_write", "_write_logs",
-                 "last_ts")
+                 "last_ts", "drops")
 
     def __init__(self, plan: Plan, writer: Any | None = None) -> None:
         self.plan = plan
@@ -56,6 +68,7 @@ class Recorder:
         self.holder: dict[str, str] = {}   # queue msg -> broker believed to hold it
         self.done: set[str] = set()        # queue msgs delivered or dropped
         self.lost: set[str] = set()        # held by a broker when it was killed
+        self.drops: dict[str, str] = {}    # msg -> reason of its first (non-duplicate) drop
         self.last_ts = 0.0
         self._handlers = {
             "advisory.sent": self._advisory_sent,
@@ -141,8 +154,10 @@ class Recorder:
         self.done.add(msg)
 
     def _dropped(self, broker: str, f: dict) -> None:
-        if f.get("reason") != "duplicate":
+        reason = f.get("reason")
+        if reason != "duplicate":
             self.done.add(f["msg"])
+            self.drops.setdefault(f["msg"], str(reason))
 
     # -- engine notices ----------------------------------------------------------
     def killed(self, broker: str) -> None:
@@ -171,6 +186,9 @@ class Recorder:
 
         expected = delivered = duplicates = unexpected = 0
         by_kind: dict[str, dict[str, int]] = {}
+        stranded_ids = {m for m, _ in self.holder.items()
+                        if m not in self.done and m not in self.lost}
+        dropped: dict[str, int] = {}
         for msg in self.plan.messages.values():
             got = self.deliveries.get(msg.id, ())
             units = msg.units
@@ -194,6 +212,16 @@ class Recorder:
                 duplicates += max(0, hits - 1)
             expected += units
             delivered += ok
+            short = units - ok
+            if short:   # where the undelivered units went (see ``accounting``)
+                if msg.id in stranded_ids:
+                    reason = None if msg.fanout else "stranded"
+                elif msg.id in self.lost:
+                    reason = KILLED
+                else:
+                    reason = self.drops.get(msg.id)
+                if reason is not None and reason != "stranded":
+                    dropped[reason] = dropped.get(reason, 0) + short
             k = by_kind.setdefault(msg.kind, {"messages": 0, "expected": 0, "delivered": 0})
             k["messages"] += 1
             k["expected"] += units
@@ -216,7 +244,9 @@ class Recorder:
             unexpected=unexpected,
             missing=expected - delivered,
             stranded=stranded,
-            lost=len(self.lost - self.done),
+            dropped=sum(dropped.values()),
+            dropped_by_reason=dict(sorted(dropped.items())),
+            lost=expected - delivered - stranded - sum(dropped.values()),
             by_kind=by_kind,
             events=sum(c.values()),
         )

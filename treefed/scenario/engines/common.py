@@ -21,6 +21,7 @@ import json
 from typing import Any
 
 from treefed.federation.settings import LinkSettings, TreeSettings
+from treefed.scenario.baselines import store_options
 from treefed.scenario.spec import Mode
 from treefed.scenario.topology import BrokerSpec, Topology
 from treefed.scenario.workload import Plan
@@ -46,7 +47,7 @@ def dial_settings(mode: Mode, child: BrokerSpec) -> LinkSettings:
                             max_demand_per_link=opts.get("max_interest_per_child", 100_000),
                             advertise_down=opts.get("advertise_down"),
                             resync_grace=opts.get("resync_grace", 0.0))
-    return LinkSettings(kind="mesh", name=LINK_NAME["mesh"], **opts)
+    return LinkSettings(kind="mesh", name=LINK_NAME["mesh"], **store_options(mode, child))
 
 
 def accept_settings(mode: Mode) -> LinkSettings:

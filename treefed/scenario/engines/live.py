@@ -41,6 +41,7 @@ from treefed.config import BrokerConfig, parse_config
 from treefed.errors import RemoteError
 from treefed.federation.sharing import Sharing
 from treefed.persistence.memory import MemoryStore
+from treefed.scenario.baselines import store_options
 from treefed.scenario.engines.common import (
     LINK_NAME, RUNNER, broker_info, run_fields, run_params,
 )
@@ -76,7 +77,7 @@ def site_config(mode: Mode, spec: BrokerSpec, *, parent_uri: str | None,
     if data_dir:
         doc["broker"]["data_dir"] = data_dir
     if parent_uri is not None:
-        opts = dict(mode.options)
+        opts = dict(mode.options) if mode.connector == "tree" else store_options(mode, spec)
         if mode.connector == "tree":
             doc["tree_connector"] = {"uri": parent_uri, "node_type": spec.role, **opts}
         else:

@@ -1,0 +1,108 @@
+"""The job runs unchanged on a Spark standalone cluster.
+
+A master and a worker are started from the installed pyspark (``spark-class
+org.apache.spark.deploy.master.Master`` / ``...worker.Worker``, bound to 127.0.0.1 on
+ports the OS picks), the job is submitted with ``spark-submit --master spark://...``
+over real retail-small runs, and its ``runs.csv`` must equal the one local mode writes.
+The worker's directories go under the test's tmp dir, never into the installed package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIO = ROOT / "scenarios" / "retail-small.toml"
+
+
+def spark_bin(name: str) -> str:
+    import pyspark
+
+    return str(Path(pyspark.__file__).parent / "bin" / name)
+
+
+def wait_for(proc: subprocess.Popen, log: Path, pattern: str, timeout: float = 180) -> str:
+    """The first match of ``pattern`` in the process's log, waiting for it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.search(pattern, log.read_text(errors="replace"))
+        if found:
+            return found.group(1) if found.groups() else found.group(0)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.5)
+    raise AssertionError(f"{pattern!r} not seen; log:\n{log.read_text()[-3000:]}")
+
+
+@contextlib.contextmanager
+def standalone(tmp: Path):
+    """A master and one worker on 127.0.0.1; yields the master URL."""
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", SPARK_WORKER_DIR=str(tmp / "work"),
+               SPARK_LOCAL_DIRS=str(tmp / "local"), SPARK_LOG_DIR=str(tmp / "logs"),
+               SPARK_NO_DAEMONIZE="1")
+    procs = []
+    try:
+        mlog = tmp / "master.log"
+        master = subprocess.Popen(
+            [spark_bin("spark-class"), "org.apache.spark.deploy.master.Master",
+             "--host", "127.0.0.1", "--port", "0", "--webui-port", "0"],
+            stdout=mlog.open("w"), stderr=subprocess.STDOUT, env=env)
+        procs.append(master)
+        url = wait_for(master, mlog, r"Starting Spark master at (spark://127\.0\.0\.1:\d+)")
+        wlog = tmp / "worker.log"
+        worker = subprocess.Popen(
+            [spark_bin("spark-class"), "org.apache.spark.deploy.worker.Worker",
+             "--host", "127.0.0.1", "--port", "0", "--webui-port", "0", "--cores", "2",
+             "--memory", "1g", "--work-dir", str(tmp / "work"), url],
+            stdout=wlog.open("w"), stderr=subprocess.STDOUT, env=env)
+        procs.append(worker)
+        wait_for(worker, wlog, r"Successfully registered with master")
+        yield url, env
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def test_cluster_runs_csv_equals_local(spark, tmp_path):
+    from treefed.analysis import job
+    from treefed.scenario.runner import run_scenario
+
+    runs = [str(r.path) for r in run_scenario(SCENARIO, engine="replay",
+                                              out=tmp_path / "runs")]
+    local = tmp_path / "local"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert job.main([*runs, "--out", str(local)]) == 0
+
+    with standalone(tmp_path) as (url, env):
+        remote = tmp_path / "cluster"
+        env = dict(env, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+                   PYTHONPATH=str(ROOT))
+        done = subprocess.run(
+            [spark_bin("spark-submit"), "--master", url,
+             "--conf", "spark.driver.host=127.0.0.1",
+             "--conf", "spark.driver.bindAddress=127.0.0.1",
+             "--conf", "spark.ui.enabled=false",
+             "--conf", "spark.sql.shuffle.partitions=4",
+             "--driver-memory", "1g", "--executor-memory", "1g",
+             str(ROOT / "treefed" / "analysis" / "job.py"), *runs, "--out", str(remote)],
+            capture_output=True, text=True, env=env, timeout=600)
+        assert done.returncode == 0, done.stderr[-4000:]
+        assert "report:" in done.stdout
+    assert (remote / "runs.csv").read_text() == (local / "runs.csv").read_text()
+    assert (remote / "per_role.csv").read_text() == (local / "per_role.csv").read_text()
