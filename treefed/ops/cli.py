@@ -100,18 +100,6 @@ async def run(args: argparse.Namespace, *, connect: Any) -> int:
     return await _admin(args, connect)
 
 
-def _typed(text: str) -> Any:
-    """An option value as TOML would type it: true/false, int, float, else the text."""
-    if text in ("true", "false"):
-        return text == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def _stat_function(args: argparse.Namespace, connect: Any) -> Any:
     """``stat(uri)`` with the command line's credentials: one short connection each."""
     import copy
@@ -158,6 +146,8 @@ _LIST_OPTIONS = ("dynamically_included", "excluded", "statically_included")
 
 
 def _link_options(pairs: Sequence[str]) -> dict:
+    from treefed.cli import _header_value as _typed   # TOML-like typing, as --header
+
     options: dict = {}
     for pair in pairs:
         key, eq, text = pair.partition("=")
