@@ -38,6 +38,9 @@ RUN_COLUMNS: tuple[str, ...] = (
     "max_demand_per_broker", "expected", "delivered", "delivery_ratio", "deliveries",
     "duplicates", "stranded", "convergence_median_s", "convergence_p99_s", "lines",
     "bad_lines", "run_wall_s", "run_peak_rss_mb",
+    "dropped", "dropped_reasons", "lost", "stranded_at", "stranded_log", "summary_lines",
+    "finished", "problems",
+    "sibling_spill", "downward_spill", "fault_events", "recovery_max_s", "recovery",
 )
 PANELS = (("adds_sent", "advisory frames sent"), ("demand", "demand created"),
           ("sibling_spill", "sibling spill (advisories)"))
@@ -76,6 +79,9 @@ def run_rows(rows: Sequence[dict]) -> list[dict]:
             "advisories_per_consumer": round(int(r["adds_received"]) / consumers, 3)
             if consumers else "",
             "demand_created": r["demand"], "max_demand_per_broker": r["max_demand"],
+            # the report's split of spill by origin; the model's downward figure counts
+            # receipts of an ancestor's interest at any broker below it (stores and layers)
+            "sibling_spill": r["sibling_spill"], "downward_spill": r["downward_interest"],
             "run_wall_s": r["wall_s"], "source": "model"})
     return out
 
