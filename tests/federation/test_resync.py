@@ -121,3 +121,15 @@ class TestDigest:
         assert digest(keys) != digest(keys[:1])
         assert digest([]) == "0:" + "0" * 32
         assert digest([("x", ())]).startswith("1:")
+
+
+def test_a_delta_resync_restores_the_per_client_interest_counts():
+    """Interest re-admitted by a delta resync counts against its client's share of the
+    link (issue 12 defect 7) exactly as interest that arrived in advisories does."""
+    from collections import Counter
+
+    e = estate()
+    assert flap(e) == []
+    [bridge] = [b for b in e.sites["HQ"].links() if b.peer == "R1"]
+    want = Counter(consumer.rpartition("/")[0] for consumer, _path in bridge.remote)
+    assert len(bridge.remote) == N and dict(bridge.clients) == dict(want)
