@@ -266,9 +266,9 @@ class TreeScopeConfig:
     child_patterns: tuple[str, ...] = ()   # {child} / {subtree} placeholders
     broadcast: tuple[str, ...] = ()        # any child may advertise and send
     upward: tuple[str, ...] = ()           # any child may send (not advertise)
-    child_groups: tuple[str, ...] = ()     # with authentication: only users in one of
-    #                                        these groups may attach as tree children
-    #                                        (the broker role); () = any user
+    child_groups: tuple[str, ...] = ("brokers",)  # with authentication: only users in
+    #                                        one of these groups may attach as tree
+    #                                        children (the broker role); [] = any user
 
     def tree_scope(self, *, temp_destinations: bool = True) -> Any:
         """A ``security.TreeScope``, or None when children are not confined."""
@@ -647,7 +647,7 @@ _TREE_SCOPE: dict[str, tuple[Checker, Any]] = {
     "child_patterns": (_list_of(_permission_pattern("child", "subtree")), ()),
     "broadcast": (_list_of(_permission_pattern()), ()),
     "upward": (_list_of(_permission_pattern()), ()),
-    "child_groups": (_list_of(_identifier), ()),
+    "child_groups": (_list_of(_identifier), ("brokers",)),
 }
 _SECURITY_TABLES = ("user", "permission", "tls", "tree")
 

@@ -55,8 +55,8 @@ def region_config(data_dir) -> object:
         "logging": {"level": "error"},
         "security": {
             "authentication": True,
-            "user": [{"name": "s1", "password_hash": PW, "groups": ["stores"]},
-                     {"name": "s2", "password_hash": PW, "groups": ["stores"]},
+            "user": [{"name": "s1", "password_hash": PW, "groups": ["stores", "brokers"]},
+                     {"name": "s2", "password_hash": PW, "groups": ["stores", "brokers"]},
                      {"name": "hq-app", "password_hash": PW, "groups": ["hq"]}],
             "permission": [
                 {"principal": "group:stores",

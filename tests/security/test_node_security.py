@@ -52,8 +52,8 @@ def region_doc(tmp_path, pki, *, authentication: bool = True, confine: bool = Tr
             "authentication": authentication, "failure_delay": 0.05,
             "max_failure_delay": 0.4,
             "user": [
-                {"name": "s1", "password_hash": pw_hash("s1-pw"), "groups": ["stores"]},
-                {"name": "s2", "password_hash": pw_hash("s2-pw"), "groups": ["stores"]},
+                {"name": "s1", "password_hash": pw_hash("s1-pw"), "groups": ["stores", "brokers"]},
+                {"name": "s2", "password_hash": pw_hash("s2-pw"), "groups": ["stores", "brokers"]},
                 {"name": "hq-app", "password_hash": pw_hash("hq-pw"), "groups": ["hq"]},
                 {"name": "ops", "password_hash": pw_hash("ops-pw"), "groups": ["admins"]},
             ],
