@@ -63,40 +63,35 @@ class TestDuplicateChild:
             await again.aclose()
 
 
+async def only_the_broker_role_attaches(nursery, tmp_path, pki, doc) -> None:
+    """An application's user (``hq-app``) is refused as a tree child; the store ``s1``,
+    whose user holds the broker role, links and carries the canary."""
+    with trio.fail_after(20):
+        region, rport = await start(nursery, doc)
+        intruder = await FakeBroker.join(pki, rport, "hq-app", "tree")
+        error = await intruder.wait(lambda f: type(f).__name__ == "Error")
+        assert error.code == "not_authorized" and "broker role" in error.message
+        await intruder.aclose()
+        assert links_up(region, 0)
+        _, s1_port = await start(nursery, store_doc(tmp_path, pki, "s1", rport, "tree"))
+        await wait_for(lambda: links_up(region, 1))
+        await hq_reaches_s1(pki, region, rport, {"s1": s1_port})
+
+
 class TestBrokerRole:
     async def test_client_user_cannot_attach_as_tree_child(self, nursery, tmp_path, pki):
         """With ``[security.tree] child_groups``, a user outside them (an application's
         user) is refused as a tree child; a store user in them links."""
         doc = region_doc(tmp_path, pki)
         doc["security"]["tree"]["child_groups"] = ["stores"]
-        with trio.fail_after(20):
-            region, rport = await start(nursery, doc)
-            intruder = await FakeBroker.join(pki, rport, "hq-app", "tree")
-            error = await intruder.wait(lambda f: type(f).__name__ == "Error")
-            assert error.code == "not_authorized" and "broker role" in error.message
-            await intruder.aclose()
-            assert links_up(region, 0)
-            _, s1_port = await start(nursery, store_doc(tmp_path, pki, "s1", rport, "tree"))
-            await wait_for(lambda: links_up(region, 1))
-            await hq_reaches_s1(pki, region, rport, {"s1": s1_port})
-
+        await only_the_broker_role_attaches(nursery, tmp_path, pki, doc)
 
     async def test_by_default_only_the_broker_role_attaches(self, nursery, tmp_path, pki):
-        """With no ``child_groups`` configured, the broker role is the ``brokers`` group:
-        an application's user is refused as a tree child, a store user in ``brokers``
-        links (issue #12 defect 12: secure by default; ``child_groups = []`` opts out)."""
+        """With no ``child_groups`` configured, the broker role is the ``brokers`` group
+        (issue #12 defect 12: secure by default; ``child_groups = []`` opts out)."""
         doc = region_doc(tmp_path, pki)
         doc["security"]["tree"].pop("child_groups", None)
-        with trio.fail_after(20):
-            region, rport = await start(nursery, doc)
-            intruder = await FakeBroker.join(pki, rport, "hq-app", "tree")
-            error = await intruder.wait(lambda f: type(f).__name__ == "Error")
-            assert error.code == "not_authorized" and "broker role" in error.message
-            await intruder.aclose()
-            assert links_up(region, 0)
-            _, s1_port = await start(nursery, store_doc(tmp_path, pki, "s1", rport, "tree"))
-            await wait_for(lambda: links_up(region, 1))
-            await hq_reaches_s1(pki, region, rport, {"s1": s1_port})
+        await only_the_broker_role_attaches(nursery, tmp_path, pki, doc)
 
 
 class TestLogAmplification:
