@@ -80,6 +80,21 @@ MODE_COSTS: dict[str, tuple[str, str]] = {
                    "store-to-store queues (the sender never learns of the other store's "
                    "consumer, so those messages strand) and any destination left off a "
                    "list"),
+    "mesh-tuned-oneway": ("one non-duplex connector per store up to its region (the "
+                          "guide's concentrator) with a hand-written dynamically_included "
+                          "list (its region's and HQ's queues): as many distinct files as "
+                          "stores; regions and HQ duplex",
+                          "everything towards a store: HQ-to-store and store-to-store "
+                          "queues strand at the sender, broadcast topics reach no store "
+                          "(a one-way store link never carries the store's interest up or "
+                          "a message down); a second, downward connector per store would "
+                          "double the connectors"),
+    "nats-isolated": ("NATS 2.12 leafnode interest isolation (isolate_leafnode_interest) "
+                      "on every hub: one leaf remote per store naming its hub, the same "
+                      "file for every store; no per-store filter",
+                      "store-to-store and any route into another branch (no leaf hears a "
+                      "sibling's interest and a leaf sends only on interest its hub "
+                      "advertised): those messages strand at the sender"),
 }
 
 _TIER_ORDER = {"hq": 0, "country": 1, "region": 8, "store": 9, "other": 10}
