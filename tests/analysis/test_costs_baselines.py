@@ -16,6 +16,7 @@ def row(mode, ttl, *, spilled, sibling, downward, delivered, stranded):
                 downward_spill=downward, demand_created=1, wasted_demand=0,
                 max_demand_per_broker=1, expected=14, delivered=delivered,
                 delivery_ratio=delivered / 14, duplicates=0, stranded=stranded,
+                dropped=14 - delivered - stranded,
                 lines=100, bad_lines=0)
 
 
@@ -35,11 +36,11 @@ def test_new_modes_state_configuration_and_unserved_routes_next_to_their_spill()
     assert "non-duplex connector per store" in oneway[1]
     assert "HQ-to-store" in oneway[2] and "store-to-store" in oneway[2] \
         and "broadcast" in oneway[2]
-    assert oneway[3:] == ["8", "0", "4", "6"]
+    assert oneway[3:] == ["8", "0", "4", "6", "4 / 14 (29%)"]
     isolated = by_mode["nats-isolated"]
     assert "isolate_leafnode_interest" in isolated[1] and "no per-store filter" in isolated[1]
     assert "store-to-store" in isolated[2]
-    assert isolated[3:] == ["6", "0", "4", "2"]
+    assert isolated[3:] == ["6", "0", "4", "2", "12 / 14 (86%)"]
 
 
 def test_the_longest_prefix_names_the_mode():
@@ -51,12 +52,16 @@ def test_the_longest_prefix_names_the_mode():
 
 def test_new_modes_are_neither_the_tree_nor_a_ttl_step():
     """The headline compares every mode with the tree: nats-isolated (a tree connector)
-    must not be taken for the tree, the one-way mesh (TTL 2) not for a plain TTL mode."""
+    must not be taken for the tree, the one-way mesh (TTL 2) not for a plain TTL mode.
+    The one-way mesh's broadcast copies are dropped (no_route), not stranded: the
+    sentence names them too."""
     table, _ = report.headline(RUNS)
     vs_tree = {r[3]: r[13] for r in table}
     assert vs_tree["tree"] == "–"
     assert vs_tree["nats-isolated"] != "–" and vs_tree["mesh-tuned-oneway"] != "–"
     assert not report._plain_ttl(RUNS[1]) and not report._is_tree(RUNS[2])
-    top = report.headline_sentence(RUNS)
-    assert "nats-isolated spills" in top and "strands 2 messages the tree delivers" in top
-    assert "mesh-tuned-oneway spills" in top and "strands 6 messages" in top
+    assert report.headline_sentence(RUNS) == (
+        "At tiny (7 brokers, 2 stores per region): mesh-tuned-oneway spills 4x the tree's "
+        "spilled advisories (8 vs 2) and strands 6 messages the tree delivers and drops 4 "
+        "copies the tree delivers; nats-isolated spills 3x the tree's spilled advisories "
+        "(6 vs 2) and strands 2 messages the tree delivers.")

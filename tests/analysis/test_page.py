@@ -42,7 +42,8 @@ def chromium() -> str | None:
 
 
 def estate_rows():
-    """A realistic page: every compared mode (tree, TTL 1-3, tuned) at several sizes."""
+    """A realistic page: every compared mode (tree, TTL 1-3, the tuned baselines) at
+    several sizes."""
     rows = []
     for r in RUNS + DEPTH_RUNS:
         rows.append(dict(r, sibling_spill=r["spilled_advisories"], downward_spill=12,
@@ -53,6 +54,10 @@ def estate_rows():
         if r["mode"] == "mesh-ttl2":
             rows.append(dict(rows[-1], mode="mesh-tuned", run=r["run"] + "-tuned",
                              spilled_advisories=4_020_024, advisory_receipts=8_016_020))
+            rows.append(dict(rows[-1], mode="mesh-tuned-oneway", run=r["run"] + "-oneway",
+                             dropped=1_000_000, dropped_reasons="no_route: 1,000,000"))
+            rows.append(dict(rows[-1], mode="nats-isolated", ttl=None,
+                             run=r["run"] + "-isolated", dropped=0, dropped_reasons=None))
     return rows
 
 

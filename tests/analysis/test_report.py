@@ -190,7 +190,7 @@ class TestCosts:
         tuned = by_mode["mesh-tuned"]
         assert "dynamically_included list per store" in tuned[1]
         assert "store-to-store" in tuned[2]
-        assert tuned[3:] == ["400", "300", "100", "50"]
+        assert tuned[3:7] == ["400", "300", "100", "50"]
         assert "TTL below the estate's depth strands" in by_mode["mesh-ttl2"][2]
         assert report.mode_cost("mesh-ttl3") == report.MODE_COSTS["mesh-ttl"]
         assert report.mode_cost("nats-x") is None

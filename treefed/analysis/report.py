@@ -118,7 +118,8 @@ def mode_cost(mode: str) -> tuple[str, str] | None:
 
 
 COST_COLUMNS = ("mode", "configuration the operator keeps", "routes it cannot serve",
-                "spilled", "sibling spill", "downward interest", "stranded")
+                "spilled", "sibling spill", "downward interest", "stranded",
+                "delivered / expected")
 
 
 def costs(runs: Sequence[Row]) -> tuple[str, list[list[str]]]:
@@ -133,7 +134,7 @@ def costs(runs: Sequence[Row]) -> tuple[str, list[list[str]]]:
         cost = mode_cost(str(r.get("mode"))) or ("–", "–")
         table.append([_mode(r), cost[0], cost[1], _num(r.get("spilled_advisories")),
                       _num(r.get("sibling_spill")), _num(r.get("downward_spill")),
-                      _num(r.get("stranded"))])
+                      _num(r.get("stranded")), _pct(r)])
     return f"{scenario} ({_num(brokers)} brokers)", table
 
 
@@ -271,6 +272,9 @@ def headline_sentence(runs: Sequence[Row]) -> str:
         more = (row.get("stranded") or 0) - (tree.get("stranded") or 0)
         strand = (f"strands {_plural(more, 'message')} the tree delivers" if more > 0
                   else "strands no more than the tree")
+        dropped = (row.get("dropped") or 0) - (tree.get("dropped") or 0)
+        if dropped > 0:   # e.g. a topic no store's interest reaches (one-way uplinks)
+            strand += f" and drops {_plural(dropped, 'copy', 'copies')} the tree delivers"
         parts.append(f"{_mode(row)} spills {times} spilled advisories "
                      f"({_num(spilled)} vs {_num(base)}) and {strand}")
     return f"{where}: " + "; ".join(parts) + "."
