@@ -231,13 +231,13 @@ class TestHandCount:
 _REFERENCE: dict = {}
 
 
-def assert_same(engine: str, label: str) -> list:
-    """retail-small under ``engine`` gives the replay engine's counts and deliveries."""
-    sc = load_scenario(SCENARIOS / "retail-small.toml")
-    if label not in _REFERENCE:
-        _REFERENCE[label] = run(sc, "replay", label)
+def assert_same(engine: str, label: str, name: str = "retail-small") -> list:
+    """``name`` under ``engine`` gives the replay engine's counts and deliveries."""
+    sc = load_scenario(SCENARIOS / f"{name}.toml")
+    if (name, label) not in _REFERENCE:
+        _REFERENCE[name, label] = run(sc, "replay", label)
     counts, deliveries, figures, lines = run(sc, engine, label)
-    ref_counts, ref_deliveries, ref_figures, _ = _REFERENCE[label]
+    ref_counts, ref_deliveries, ref_figures, _ = _REFERENCE[name, label]
     assert counts == ref_counts, f"{engine} {label}: event counts differ"
     assert deliveries == ref_deliveries, f"{engine} {label}: deliveries differ"
     for key in ("advisory_frames", "advisory_receipts", "demand_created", "expected",
@@ -261,3 +261,21 @@ class TestCrossEngine:
     def test_procs_matches_replay(self, label):
         lines = assert_same("procs", label)
         assert [p for line in lines for p in validate_event(line)] == []
+
+    @pytest.mark.parametrize("label", NEW)
+    def test_churn_timeline_matches_replay(self, label):
+        """churn (consumer churn, cut and restored links, a killed and restarted region)
+        on in-memory nodes gives exactly the replay engine's results."""
+        assert_same("memory", label, "churn")
+
+    @pytest.mark.parametrize("engine", ("memory", "tcp"))
+    @pytest.mark.parametrize("label", NEW)
+    def test_faults_match_replay(self, engine, label):
+        """test_engines' persistent workload through a cut link, a killed and restarted
+        region and a consumer that leaves and returns: same counts and deliveries."""
+        from tests.scenario.test_engines import FAULTY
+
+        counts, deliveries, got, _ = run(parse_scenario(FAULTY), engine, label)
+        ref_counts, ref_map, ref, _ = run(parse_scenario(FAULTY), "replay", label)
+        assert counts == ref_counts and deliveries == ref_map
+        assert got["delivered"] == ref["delivered"] > 0 and got["lost"] == 0
