@@ -39,6 +39,7 @@ def test_walk_equals_replay(label):
 
 
 @pytest.mark.spark
+@pytest.mark.slow
 @pytest.mark.parametrize("label", NEW)
 def test_spark_cells_equal_the_walk(spark, label):
     _, _, estate, groups = _setup(label)
