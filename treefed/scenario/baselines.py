@@ -20,8 +20,10 @@ The baselines
 -------------
 * ``mesh-tuned``: duplex everywhere, each store's connector limited to its own queue,
   its region's and HQ's queues and the broadcast topics (``TUNED_INCLUDES``).
-* ``mesh-tuned-oneway``: the guide's *concentrator* (Fuse/ActiveMQ network guide, "the
-  first layer ... connects to the brokers in the second layer"): each store has one
+* ``mesh-tuned-oneway``: the guide's *concentrator* (Fuse/ActiveMQ network guide:
+  "each broker in the first layer connects to all of the brokers in the second layer",
+  funnelling the producers' messages up; here one second-layer broker, the store's
+  region, and the funnel made one-way, as an operator does): each store has one
   **non-duplex** connector up to its region (``STORE_DUPLEX = False``), limited to the
   destinations a store sends to (``ONEWAY_INCLUDES``: its region's and HQ's queues);
   regions and HQ stay duplex.  A non-duplex link forwards messages only from the
