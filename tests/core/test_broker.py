@@ -660,7 +660,7 @@ class TestInvariants:
 
     @staticmethod
     def check(b):
-        from treefed.core.broker import _size
+        from treefed.core.records import msg_size as _size
         held: dict = {}
         for cs in b._conns.values():
             for c in cs.consumers.values():
@@ -763,7 +763,7 @@ class TestLazyContainers:
     def test_shared_empties_stay_empty_through_traffic(self):
         """Consumers, acks, requeues and pending messages never write into the shared
         empty containers."""
-        import treefed.core.broker as core
+        import treefed.core.records as core
 
         b = Broker("B")
         send(b, "p", "queue://Q", "m0")                       # pending, no consumer yet
@@ -776,4 +776,4 @@ class TestLazyContainers:
         b.connect("L:up:A", 0.0)
         b.add_consumer("L:up:A", "d:1", "queue://Q", 0.0, peer="A")
         b.remove_consumer("L:up:A", "d:1", 0.0)
-        assert core._NO_MESSAGES == {} and core._NO_DESTS == {} and not core._NO_PENDING
+        assert core.NO_MESSAGES == {} and core.NO_DESTS == {} and not core.NO_PENDING

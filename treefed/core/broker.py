@@ -77,7 +77,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import count
 from typing import Any, Callable, Iterable
 
@@ -87,6 +87,18 @@ from treefed.core.index import SubscriptionIndex
 from treefed.core.message import Message
 from treefed.core.paging import Paged
 from treefed.core.policy import PolicySet
+from treefed.core.records import (
+    INF,
+    NO_DESTS,
+    NO_MESSAGES,
+    NO_PENDING,
+    Conn,
+    Consumer,
+    ConsumerInfo,
+    Dest,
+    info,
+    msg_size,
+)
 from treefed.errors import DestinationError, LimitError, RemoteError, TreefedError
 from treefed.wire.frames import (
     Ack,
@@ -110,127 +122,6 @@ TOPIC_BACKLOG_FACTOR = 10
 #: A forwarded message whose path is this long is looping (tree replays can revisit
 #: brokers, so the path check alone does not bound them): dropped, reason "hop_limit".
 MAX_HOPS = 64
-
-_INF = float("inf")
-
-# Shared empties (memory: a mesh estate holds millions of network consumers, most of
-# which never carry a message).  Never mutated: every insertion site swaps in a fresh
-# container first (``_give``, ``_attach``, ``_new_dest``, ``_push_pending``,
-# ``_requeue_front``); reads, ``pop``, ``clear`` and ``del`` of a present key are safe.
-_NO_MESSAGES: dict = {}      # _Consumer.inflight until its first message
-_NO_DESTS: dict = {}         # _Consumer.dests until it is attached to a destination
-_NO_PENDING: deque = deque()  # _Dest.pending until a message waits (an empty deque: 760 B)
-
-
-def _size(m: Message) -> int:
-    # Same value as Message.size without a generator per message (hot path).
-    h = m.headers
-    if not h:
-        return len(m.body) + 64
-    return len(m.body) + 64 + 16 * len(h) + sum(map(len, h))
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumerInfo:
-    """A read-only snapshot of one consumer (for federation and statistics)."""
-
-    conn: str
-    sub_id: str
-    dst: str                    # canonical pattern, wildcards allowed
-    selector: str | None
-    prefetch: int
-    priority: int
-    peer: str | None            # broker id when this is network demand
-    message_ttl: int
-    fallback: bool
-    local_only_ok: bool
-    inflight: int               # delivered / forwarded, not yet acked
-    queued: int                 # topic messages waiting for this subscriber's credit
-    delivered: int              # messages given to it so far
-
-
-class _Conn:
-    __slots__ = ("name", "consumers", "forwarded", "parked", "blocked_on", "temps", "revisit",
-                 "credit")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.credit = 0                               # local consumers' prefetch, summed:
-        #                                               the most it may have in flight
-        self.consumers: dict[str, _Consumer] = {}     # sub_id -> consumer
-        self.forwarded: dict[str, _Consumer] = {}     # msg id -> network consumer holding it,
-        #                                              so a ForwardAck (ids only) finds it
-        self.parked: deque | None = None              # Send/Forward frames waiting (paused)
-        self.blocked_on: _Dest | None = None          # the full destination we wait for
-        self.temps: list[str] = []                    # temp destinations this conn owns
-        self.revisit = False                          # tree link: a replayed message may
-                                                      # come back to a broker on its path
-
-
-class _Consumer:
-    __slots__ = ("conn", "cs", "sub_id", "pattern", "selector", "prefetch", "priority", "peer",
-                 "message_ttl", "fallback", "local_only_ok", "replay", "topic", "inflight", "dests",
-                 "backlog", "gid", "seq", "delivered")
-
-    def __init__(self, cs: _Conn, sub_id: str, pattern: str, selector: Any, prefetch: int,
-                 priority: int, peer: str | None, message_ttl: int, fallback: bool,
-                 local_only_ok: bool, gid: str, seq: int, replay: bool = False) -> None:
-        self.conn = cs.name
-        self.cs = cs
-        self.sub_id = sub_id
-        self.pattern = pattern
-        self.selector = selector              # object with .matches(headers, message=), or None
-        self.prefetch = prefetch              # credit: most messages in flight at once
-        self.priority = priority
-        self.peer = peer                      # not None: network demand toward that broker
-        self.message_ttl = message_ttl        # network only: max path length offered, -1 = any
-        self.fallback = bool(fallback)        # route_unknown_up: last resort for queues
-        self.local_only_ok = local_only_ok    # network demand allowed to see local_only dsts
-        self.replay = replay                  # tree: a rested message may go back along its path
-        self.topic = pattern.startswith("topic://") or pattern.startswith("temp-topic://")
-        self.inflight: dict[str, Message] = _NO_MESSAGES  # msg id -> message, in delivery
-        #                                                   order (shared empty until used)
-        self.dests: dict[_Dest, None] = _NO_DESTS  # destinations it is attached to (ordered
-        #                                            set; shared empty until attached)
-        self.backlog: deque | None = None        # topics: messages waiting for credit
-        self.gid = gid                           # "<broker>/<conn>/<sub_id>" for events
-        #                                          (local consumers only; None for demand)
-        self.seq = seq                           # creation order: tie-break within a level
-        self.delivered = 0
-
-
-class _Dest:
-    __slots__ = ("name", "topic", "temp", "stored", "policy", "local_only", "limited",
-                 "consumers", "fallbacks", "replayers", "pending", "inflight", "bytes", "enqueued",
-                 "dequeued", "expiring", "next_expiry", "blocked", "roomy", "owner", "alive",
-                 "replay_timer", "touched")
-
-    def __init__(self, name: str, policy: Any) -> None:
-        self.name = name
-        self.topic = name.startswith("topic://") or name.startswith("temp-topic://")
-        self.temp = name.startswith("temp-")
-        self.stored = not self.topic and not self.temp   # persistent messages hit the store
-        self.policy = policy
-        self.local_only = policy.local_only
-        self.limited = policy.limited
-        self.consumers: list[_Consumer] = []   # priority desc; rotated within a level
-        self.fallbacks = 0                     # how many of them are fallback consumers
-        self.replayers = 0                     # how many may take a rested message back
-        self.pending: deque[Message] = _NO_PENDING  # queues: waiting for an eligible
-        #                                              consumer (shared empty until used)
-        self.inflight = 0                      # given to consumers, not yet acked
-        self.bytes = 0                         # queues: size of pending + in-flight
-        self.enqueued = 0
-        self.dequeued = 0
-        self.expiring = 0                      # pending messages that carry an expiry
-        self.next_expiry = _INF                # <= earliest expiry among pending
-        self.blocked: list[_Conn] = []         # conns whose parked send waits for room here
-        self.roomy = False                     # already listed in Broker._room
-        self.owner: str | None = None          # temp destinations: owning conn
-        self.alive = True
-        self.replay_timer = 0.0                # latest replay timer scheduled for it
-        self.touched = -1.0                    # last message admitted (idle collection;
-        #                                        -1: none yet)
 
 
 class Broker:
@@ -267,24 +158,24 @@ class Broker:
         self.dlq = parse_destination(dlq)
         self.log_messages = log_messages
         self.dedup_window = dedup_window
-        self._conns: dict[str, _Conn] = {}
-        self._dests: dict[str, _Dest] = {}
+        self._conns: dict[str, Conn] = {}
+        self._dests: dict[str, Dest] = {}
         self._subs = SubscriptionIndex(flat_literals=True)  # consumer patterns -> consumers
-        self._dest_index = SubscriptionIndex()    # live destination names -> _Dest
-        self._timers: list[tuple[float, int, _Dest]] = []   # heap of pending expiries
+        self._dest_index = SubscriptionIndex()    # live destination names -> Dest
+        self._timers: list[tuple[float, int, Dest]] = []   # heap of pending expiries
         self._expiring = 0                        # pending messages with an expiry, all dests
         self._seq = count()
         self._regular_seen = False                # set by _pick: an eligible non-fallback
                                                   # consumer existed (credit aside)
-        self._waiting: dict[_Dest, None] = {}     # queues with pending messages (ordered set)
-        self._room: deque[_Dest] = deque()        # full destinations that gained room
+        self._waiting: dict[Dest, None] = {}     # queues with pending messages (ordered set)
+        self._room: deque[Dest] = deque()        # full destinations that gained room
         self._seen: set[str] = set()              # forwarded ids accepted (dedup window)
         self._seen_order: deque[str] = deque()
         self._held: dict[str, int] = {}           # queue message id -> copies held here:
         #                                           a duplicate of one we hold is dropped
         self._consumed: set[str] = set()          # ids a local consumer acked (dedup
         self._consumed_order: deque[str] = deque()  # window): a late copy is a duplicate
-        self._replays: list[tuple[float, int, _Dest]] = []  # heap: rested messages due
+        self._replays: list[tuple[float, int, Dest]] = []  # heap: rested messages due
         self._now = 0.0                           # of the entry point: _eligible needs it
         self._stamp = 0.0                         # last timestamp given: never goes back,
         #                                           so order by timestamp is send order
@@ -389,7 +280,7 @@ class Broker:
                 cs.temps.append(pattern)
             dests = [d] if d is not None else []
         seq = next(self._seq)
-        c = _Consumer(cs, sub_id, pattern, selector, prefetch, priority, peer, message_ttl,
+        c = Consumer(cs, sub_id, pattern, selector, prefetch, priority, peer, message_ttl,
                       fallback, local_only_ok,
                       f"{self.broker_id}/{conn}/{sub_id}" if peer is None else None, seq,
                       replay)
@@ -409,7 +300,7 @@ class Broker:
         self._finish(now, out)
         return out
 
-    def _check_conn_limits(self, cs: _Conn, prefetch: int) -> None:
+    def _check_conn_limits(self, cs: Conn, prefetch: int) -> None:
         """One client connection's share of this broker (issue #12, defect 7): a client
         opening endless subscriptions is refused here, at its own broker, before its
         interest can fill a parent's per-child cap and starve every other consumer."""
@@ -476,7 +367,7 @@ class Broker:
     def consumer(self, conn: str, sub_id: str) -> ConsumerInfo | None:
         cs = self._conns.get(conn)
         c = cs.consumers.get(sub_id) if cs is not None else None
-        return _info(c) if c is not None else None
+        return info(c) if c is not None else None
 
     def temp_owner(self, name: str) -> str | None:
         """The local connection owning temporary destination ``name``, or None."""
@@ -497,7 +388,7 @@ class Broker:
                 found = list(d.consumers)
             else:
                 found = sorted(self._subs.match(pattern), key=lambda c: (-c.priority, c.seq))
-        return [_info(c) for c in found]
+        return [info(c) for c in found]
 
     # ------------------------------------------------------------------ messages arriving
 
@@ -565,7 +456,7 @@ class Broker:
             while len(order) > window:
                 seen.discard(order.popleft())
         out: list[Action] = []
-        touched: dict[_Dest, None] = {}
+        touched: dict[Dest, None] = {}
         for m in messages:
             try:
                 name = parse_destination(m.dst)
@@ -576,8 +467,8 @@ class Broker:
             if not d.stored:
                 out.append(DeleteMessage(m.id, m.dst))
                 continue
-            d.bytes += _size(m)
-            self._mem += _size(m)
+            d.bytes += msg_size(m)
+            self._mem += msg_size(m)
             self._rest(d, m, now)  # it waited here across a restart: free to go anywhere
             self._hold(m.id)
             self._push_pending(d, m)
@@ -623,8 +514,8 @@ class Broker:
         if m is None:
             return out
         d.enqueued -= 1
-        d.bytes -= _size(m)
-        self._mem -= _size(m)
+        d.bytes -= msg_size(m)
+        self._mem -= msg_size(m)
         if type(m.body) is Paged:
             self._paged -= len(m.body)
         self._release(msg_id)
@@ -664,7 +555,7 @@ class Broker:
         """Expire pending messages whose time has come (DLQ or discard by policy), and
         offer rested messages whose ``replay_delay`` has passed to fallback consumers."""
         heap = self._timers
-        due: dict[_Dest, None] = {}
+        due: dict[Dest, None] = {}
         while heap and heap[0][0] <= now:
             _, _, d = heapq.heappop(heap)
             if d.alive and d.expiring and d.next_expiry <= now:
@@ -788,19 +679,19 @@ class Broker:
 
     # ================================================================== internals
 
-    def _conn(self, conn: str) -> _Conn:
+    def _conn(self, conn: str) -> Conn:
         cs = self._conns.get(conn)
         if cs is None:
-            cs = self._conns[conn] = _Conn(conn)
+            cs = self._conns[conn] = Conn(conn)
         return cs
 
-    def _new_dest(self, name: str) -> _Dest:
-        d = _Dest(name, self.policies.for_destination(name))
+    def _new_dest(self, name: str) -> Dest:
+        d = Dest(name, self.policies.for_destination(name))
         found = self._subs.match(name)
         if found:
             d.consumers = sorted(found, key=lambda c: (-c.priority, c.seq))
             for c in d.consumers:
-                if c.dests is _NO_DESTS:
+                if c.dests is NO_DESTS:
                     c.dests = {}
                 c.dests[d] = None
                 if c.fallback:
@@ -813,7 +704,7 @@ class Broker:
         self._dest_index.insert(name, d)
         return d
 
-    def _delete_dest(self, d: _Dest, now: float, out: list) -> None:
+    def _delete_dest(self, d: Dest, now: float, out: list) -> None:
         """Delete a temporary destination: pending discarded, attached consumers detached
         (whatever they hold of it is forgotten: its acks will find nothing)."""
         d.alive = False
@@ -838,13 +729,13 @@ class Broker:
         if d.blocked:
             self._note_room(d)   # parked sends for it are re-run and refused
 
-    def _attach(self, c: _Consumer, d: _Dest) -> None:
+    def _attach(self, c: Consumer, d: Dest) -> None:
         cons = d.consumers
         i = len(cons)
         while i and cons[i - 1].priority < c.priority:
             i -= 1
         cons.insert(i, c)   # at the end of its priority level
-        if c.dests is _NO_DESTS:
+        if c.dests is NO_DESTS:
             c.dests = {}
         c.dests[d] = None
         if c.fallback:
@@ -852,13 +743,13 @@ class Broker:
         if c.replay:
             d.replayers += 1
 
-    def _remove(self, c: _Consumer, now: float, out: list) -> None:
+    def _remove(self, c: Consumer, now: float, out: list) -> None:
         cs = c.cs
         del cs.consumers[c.sub_id]
         if c.peer is None:
             cs.credit -= c.prefetch
         self._subs.remove(c.pattern, c)
-        requeue: dict[_Dest, list[Message]] = {}
+        requeue: dict[Dest, list[Message]] = {}
         for m in c.inflight.values():
             if c.peer is not None:
                 cs.forwarded.pop(m.id, None)
@@ -871,7 +762,7 @@ class Broker:
                 requeue.setdefault(d, []).append(m)
         c.inflight.clear()
         if c.backlog:
-            self._mem -= sum(map(_size, c.backlog))
+            self._mem -= sum(map(msg_size, c.backlog))
         c.backlog = None
         dests = list(c.dests)
         c.dests.clear()
@@ -895,7 +786,7 @@ class Broker:
 
     # ------------------------------------------------------------------ admission
 
-    def _admit_send(self, cs: _Conn, f: Send, now: float, out: list) -> bool:
+    def _admit_send(self, cs: Conn, f: Send, now: float, out: list) -> bool:
         """Accept a Send (True) or register it as blocked (False); raises to refuse."""
         if f.persistent and (f.id in self._held or f.id in self._consumed):
             # A producer re-sent after a failover what we already have (its receipt was
@@ -911,7 +802,7 @@ class Broker:
         stamp = self._stamp = now if now > self._stamp else self._stamp
         m = Message(f.id, d.name, f.headers, f.body, f.persistent, f.priority, stamp,
                     now + ttl / 1000 if ttl > 0 else 0.0, f.reply_to)
-        size = _size(m)
+        size = msg_size(m)
         if self.max_memory_bytes and self._mem - self._paged + size > self.max_memory_bytes \
                 and not (m.persistent and d.stored and self.pageable):
             # a persistent queue message is refused only where bodies cannot be paged
@@ -938,7 +829,7 @@ class Broker:
             self._dispatch_new(d, m, now, out)
         return True
 
-    def _admit_forward(self, cs: _Conn, f: Forward, now: float, out: list) -> bool:
+    def _admit_forward(self, cs: Conn, f: Forward, now: float, out: list) -> bool:
         if len(f.path) >= MAX_HOPS:
             # Whatever the routing did, a message that crossed this many links is looping.
             out.append(Out(cs.name, ForwardAck([f.id])))
@@ -967,7 +858,7 @@ class Broker:
         d = self._lookup_for_send(f.dst)
         m = Message(f.id, d.name, f.headers, f.body, f.persistent, f.priority,
                     f.timestamp or now, f.expires, f.reply_to, tuple(f.path), f.redelivered)
-        size = _size(m)
+        size = msg_size(m)
         if self.max_memory_bytes and not (m.persistent and d.stored) \
                 and self._mem - self._paged + size > self.max_memory_bytes:
             # a persistent queue message was confirmed upstream: it is taken (the store
@@ -993,7 +884,7 @@ class Broker:
             self._dispatch_new(d, m, now, out)
         return True
 
-    def _refuse_memory(self, d: _Dest, size: int) -> None:
+    def _refuse_memory(self, d: Dest, size: int) -> None:
         raise RemoteError(f"broker memory full: {self._mem - self._paged} bytes of messages "
                           f"held in memory, a "
                           f"{size}-byte message to {d.name} would pass max_memory_bytes "
@@ -1004,7 +895,7 @@ class Broker:
         out.append(Out(conn, ForwardAck([f.id])))
         self._count_drop(exc.code, f.id, f.dst, out)
 
-    def _lookup_for_send(self, dst: str) -> _Dest:
+    def _lookup_for_send(self, dst: str) -> Dest:
         # A live destination's key is its canonical name, so text equal to a key needs
         # no parsing (the usual case: producers send to canonical names).
         d = self._dests.get(dst) if type(dst) is str else None
@@ -1022,7 +913,7 @@ class Broker:
                 # nobody subscribes: the message is dropped (no_route) and the name is
                 # not kept -- it would be idle at once; a flood of topic names costs
                 # nothing here (defect 8)
-                return _Dest(name, self.policies.for_destination(name))
+                return Dest(name, self.policies.for_destination(name))
             d = self._new_dest(name)
             if self.idle_destination_seconds and self._idle_due is None:
                 self._idle_due = 0.0   # next_deadline: sweep at the next timer
@@ -1031,7 +922,7 @@ class Broker:
                               code="no_such_destination")
         return d
 
-    def _check_limits(self, cs: _Conn, d: _Dest, size: int, out: list) -> bool:
+    def _check_limits(self, cs: Conn, d: Dest, size: int, out: list) -> bool:
         """True: admit. False: blocked (registered on ``d``). Raises LimitError to refuse."""
         p = d.policy
         if p.max_message_bytes and size > p.max_message_bytes:
@@ -1061,7 +952,7 @@ class Broker:
         return False
 
     @staticmethod
-    def _full(d: _Dest, size: int) -> bool:
+    def _full(d: Dest, size: int) -> bool:
         held = len(d.pending) + d.inflight
         if not held:
             return False   # an empty destination always takes one message (no deadlock)
@@ -1091,7 +982,7 @@ class Broker:
 
     # ------------------------------------------------------------------ flow control
 
-    def _note_room(self, d: _Dest) -> None:
+    def _note_room(self, d: Dest) -> None:
         if not d.roomy:
             d.roomy = True
             self._room.append(d)
@@ -1114,7 +1005,7 @@ class Broker:
                     cs.blocked_on = None
                     self._run_parked(cs, now, out)
 
-    def _run_parked(self, cs: _Conn, now: float, out: list) -> None:
+    def _run_parked(self, cs: Conn, now: float, out: list) -> None:
         parked = cs.parked
         while parked:
             f = parked[0]
@@ -1137,7 +1028,7 @@ class Broker:
 
     # ------------------------------------------------------------------ dispatch
 
-    def _eligible(self, c: _Consumer, m: Message, d: _Dest) -> bool:
+    def _eligible(self, c: Consumer, m: Message, d: Dest) -> bool:
         if c.peer is not None:
             if d.local_only and not c.local_only_ok:
                 return False
@@ -1154,7 +1045,7 @@ class Broker:
         sel = c.selector
         return sel is None or sel.matches(m.headers, message=m)
 
-    def _pick(self, d: _Dest, m: Message) -> int:
+    def _pick(self, d: Dest, m: Message) -> int:
         """Index in d.consumers of the queue consumer to give ``m`` to, or -1."""
         cons = d.consumers
         regular = False
@@ -1180,7 +1071,7 @@ class Broker:
                 return i
         return -1
 
-    def _take(self, d: _Dest, i: int) -> _Consumer:
+    def _take(self, d: Dest, i: int) -> Consumer:
         """Consumer ``i`` gets the next message: move it to the end of its level."""
         cons = d.consumers
         c = cons[i]
@@ -1194,7 +1085,7 @@ class Broker:
             cons.insert(j - 1, c)
         return c
 
-    def _dispatch_new(self, d: _Dest, m: Message, now: float, out: list) -> None:
+    def _dispatch_new(self, d: Dest, m: Message, now: float, out: list) -> None:
         if m.expires and now >= m.expires:
             self._expire(d, m, now, out)
             return
@@ -1212,7 +1103,7 @@ class Broker:
         else:
             self._give(self._take(d, i), d, m, out)
 
-    def _drain(self, d: _Dest, now: float, out: list, only: _Consumer | None = None) -> None:
+    def _drain(self, d: Dest, now: float, out: list, only: Consumer | None = None) -> None:
         """Dispatch what pending messages can be, in order, until credit runs out.
 
         ``only``: just this consumer gained credit, so stop when it has none left."""
@@ -1261,7 +1152,7 @@ class Broker:
         if not pending:
             self._waiting.pop(d, None)
 
-    def _fanout(self, d: _Dest, m: Message, now: float, out: list) -> None:
+    def _fanout(self, d: Dest, m: Message, now: float, out: list) -> None:
         """Topic: a copy to every eligible subscription, one per network conn."""
         if m.expires and now >= m.expires:
             self._count_drop("expired", m.id, d.name, out)
@@ -1291,19 +1182,19 @@ class Broker:
             # topics are not stored, so it is dropped — and counted.
             self._count_drop("no_route", m.id, d.name, out)
 
-    def _queue_for(self, c: _Consumer, m: Message, out: list) -> None:
+    def _queue_for(self, c: Consumer, m: Message, out: list) -> None:
         backlog = c.backlog
         if backlog is None:
             backlog = c.backlog = deque()
         elif len(backlog) >= c.prefetch * TOPIC_BACKLOG_FACTOR:
             old = backlog.popleft()
-            self._mem -= _size(old)
+            self._mem -= msg_size(old)
             self._count_drop("overflow", old.id, old.dst, out)
         backlog.append(m)
-        self._mem += _size(m)
+        self._mem += msg_size(m)
 
-    def _give(self, c: _Consumer, d: _Dest, m: Message, out: list) -> None:
-        if c.inflight is _NO_MESSAGES:
+    def _give(self, c: Consumer, d: Dest, m: Message, out: list) -> None:
+        if c.inflight is NO_MESSAGES:
             c.inflight = {}
         c.inflight[m.id] = m
         c.delivered += 1
@@ -1327,12 +1218,12 @@ class Broker:
                 out.append(Log("message.forwarded", {"msg": m.id, "dst": m.dst, "link": c.conn,
                                                      "peer": c.peer, "hops": len(path)}))
 
-    def _credit_returned(self, c: _Consumer, now: float, out: list) -> None:
+    def _credit_returned(self, c: Consumer, now: float, out: list) -> None:
         if c.topic:
             backlog = c.backlog
             while backlog and len(c.inflight) < c.prefetch:
                 m = backlog.popleft()
-                self._mem -= _size(m)
+                self._mem -= msg_size(m)
                 d = self._dests.get(m.dst)
                 if d is None or not d.alive:
                     continue
@@ -1365,8 +1256,8 @@ class Broker:
         d.dequeued += 1
         if not d.topic:
             self._release(m.id)
-            d.bytes -= _size(m)
-            self._mem -= _size(m)
+            d.bytes -= msg_size(m)
+            self._mem -= msg_size(m)
             if type(m.body) is Paged:
                 self._paged -= len(m.body)
             if m.persistent and d.stored:
@@ -1418,7 +1309,7 @@ class Broker:
         if cs is None:
             return []
         out: list[Action] = []
-        freed: dict[_Consumer, None] = {}
+        freed: dict[Consumer, None] = {}
         for msg_id in f.ids:
             c = cs.forwarded.pop(msg_id, None)
             if c is None:
@@ -1455,7 +1346,7 @@ class Broker:
                     if c.backlog is None:
                         c.backlog = deque()
                     c.backlog.appendleft(replace(m, redelivered=m.redelivered + 1))
-                    self._mem += _size(m)
+                    self._mem += msg_size(m)
             elif exhausted:
                 self._discard(d, m, "max_redeliveries", out, dlq=d.name != self.dlq, now=now)
             else:
@@ -1466,7 +1357,7 @@ class Broker:
         self._finish(now, out)
         return out
 
-    def _consumer_or_raise(self, conn: str, sub_id: str) -> _Consumer:
+    def _consumer_or_raise(self, conn: str, sub_id: str) -> Consumer:
         cs = self._conns.get(conn)
         c = cs.consumers.get(sub_id) if cs is not None else None
         if c is None:
@@ -1476,7 +1367,7 @@ class Broker:
 
     # ------------------------------------------------------------------ pending, expiry, DLQ
 
-    def _rest(self, d: _Dest, m: Message, now: float) -> None:
+    def _rest(self, d: Dest, m: Message, now: float) -> None:
         """``m`` found no consumer that could ever take it here: it may go back along
         its path — at once to demand, after ``replay_delay`` to a fallback (parent)."""
         m.rested = True
@@ -1489,11 +1380,11 @@ class Broker:
                 d.replay_timer = when
                 heapq.heappush(self._replays, (when, next(self._seq), d))
 
-    def _push_pending(self, d: _Dest, m: Message) -> None:
+    def _push_pending(self, d: Dest, m: Message) -> None:
         pending = d.pending
         if not pending:
             self._waiting[d] = None
-            if pending is _NO_PENDING:
+            if pending is NO_PENDING:
                 pending = d.pending = deque()
             pending.append(m)
         elif pending[-1].timestamp <= m.timestamp or self.broker_id not in m.path:
@@ -1511,17 +1402,17 @@ class Broker:
         if m.expires:
             self._track_expiry(d, m)
 
-    def _requeue_front(self, d: _Dest, msgs: list[Message]) -> None:
+    def _requeue_front(self, d: Dest, msgs: list[Message]) -> None:
         if not d.pending:
             self._waiting[d] = None
-            if d.pending is _NO_PENDING:
+            if d.pending is NO_PENDING:
                 d.pending = deque()
         d.pending.extendleft(reversed(msgs))
         for m in msgs:
             if m.expires:
                 self._track_expiry(d, m)
 
-    def _track_expiry(self, d: _Dest, m: Message) -> None:
+    def _track_expiry(self, d: Dest, m: Message) -> None:
         d.expiring += 1
         self._expiring += 1
         if m.expires < d.next_expiry:
@@ -1540,17 +1431,17 @@ class Broker:
         heapq.heapify(heap)
         self._timers = heap
 
-    def _left_pending(self, d: _Dest) -> None:
+    def _left_pending(self, d: Dest) -> None:
         """An expiring message left ``pending`` (not needed for ones without expiry)."""
         d.expiring -= 1
         self._expiring -= 1
         if not d.expiring:
-            d.next_expiry = _INF
+            d.next_expiry = INF
 
-    def _sweep(self, d: _Dest, now: float, out: list) -> None:
+    def _sweep(self, d: Dest, now: float, out: list) -> None:
         keep: deque[Message] = deque()
         expired: list[Message] = []
-        nxt = _INF
+        nxt = INF
         for m in d.pending:
             e = m.expires
             if e and now >= e:
@@ -1568,16 +1459,16 @@ class Broker:
         for m in expired:
             self._expire(d, m, now, out)
 
-    def _expire(self, d: _Dest, m: Message, now: float, out: list) -> None:
+    def _expire(self, d: Dest, m: Message, now: float, out: list) -> None:
         to_dlq = d.policy.on_expiry == "dlq" and d.stored and d.name != self.dlq
         self._discard(d, m, "expired", out, dlq=to_dlq, now=now)
 
-    def _discard(self, d: _Dest, m: Message, reason: str, out: list, *, dlq: bool = False,
+    def _discard(self, d: Dest, m: Message, reason: str, out: list, *, dlq: bool = False,
                  now: float = 0.0) -> None:
         """``m`` (already out of pending / in-flight) leaves queue ``d`` unconsumed."""
         self._release(m.id)
-        d.bytes -= _size(m)
-        self._mem -= _size(m)
+        d.bytes -= msg_size(m)
+        self._mem -= msg_size(m)
         if type(m.body) is Paged:
             self._paged -= len(m.body)
         if m.persistent and d.stored:
@@ -1598,8 +1489,8 @@ class Broker:
                      0.0, m.reply_to, m.path, m.redelivered)
         dd = self._dests.get(self.dlq) or self._new_dest(self.dlq)
         dd.enqueued += 1
-        dd.bytes += _size(dm)
-        self._mem += _size(dm)
+        dd.bytes += msg_size(dm)
+        self._mem += msg_size(dm)
         self._hold(dm.id)
         if dm.persistent and dd.stored:
             out.append(StoreMessage(dm))
@@ -1636,10 +1527,3 @@ def _ref(frame: Any) -> str | None:
     if ref is None:
         ref = getattr(frame, "msg", None)
     return ref
-
-
-def _info(c: _Consumer) -> ConsumerInfo:
-    return ConsumerInfo(c.conn, c.sub_id, c.pattern, getattr(c.selector, "text", None),
-                        c.prefetch, c.priority, c.peer, c.message_ttl, c.fallback,
-                        c.local_only_ok, len(c.inflight), len(c.backlog) if c.backlog else 0,
-                        c.delivered)
