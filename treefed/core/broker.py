@@ -83,6 +83,7 @@ from typing import Any, Callable, Iterable
 
 from treefed.core.actions import Action, DeleteMessage, Log, Out, Pause, Resume, StoreMessage
 from treefed.core.destinations import is_wildcard, parse_destination
+from treefed.core.duplicates import Duplicates
 from treefed.core.index import SubscriptionIndex
 from treefed.core.message import Message
 from treefed.core.paging import Paged
@@ -157,7 +158,7 @@ class Broker:
         self.max_redeliveries = max_redeliveries
         self.dlq = parse_destination(dlq)
         self.log_messages = log_messages
-        self.dedup_window = dedup_window
+        self._dups = Duplicates(dedup_window)     # held / consumed / seen ids (duplicates.py)
         self._conns: dict[str, Conn] = {}
         self._dests: dict[str, Dest] = {}
         self._subs = SubscriptionIndex(flat_literals=True)  # consumer patterns -> consumers
@@ -169,12 +170,6 @@ class Broker:
                                                   # consumer existed (credit aside)
         self._waiting: dict[Dest, None] = {}     # queues with pending messages (ordered set)
         self._room: deque[Dest] = deque()        # full destinations that gained room
-        self._seen: set[str] = set()              # forwarded ids accepted (dedup window)
-        self._seen_order: deque[str] = deque()
-        self._held: dict[str, int] = {}           # queue message id -> copies held here:
-        #                                           a duplicate of one we hold is dropped
-        self._consumed: set[str] = set()          # ids a local consumer acked (dedup
-        self._consumed_order: deque[str] = deque()  # window): a late copy is a duplicate
         self._replays: list[tuple[float, int, Dest]] = []  # heap: rested messages due
         self._now = 0.0                           # of the entry point: _eligible needs it
         self._stamp = 0.0                         # last timestamp given: never goes back,
@@ -196,6 +191,11 @@ class Broker:
             ForwardAck: self._on_forward_ack,
             Ping: self._on_ping,
         }
+
+    @property
+    def dedup_window(self) -> int:
+        """How many consumed ids and forwarded keys are remembered (core/duplicates.py)."""
+        return self._dups.window
 
     # ------------------------------------------------------------------ connections
 
@@ -445,16 +445,8 @@ class Broker:
         ``consumed``: ids of queue messages local consumers acked before the restart,
         oldest first (``store.load_consumed()``); they are remembered first (the newest
         ``dedup_window`` of them), so a copy re-forwarded or re-sent later is a duplicate."""
-        window = self.dedup_window
-        if window > 0:
-            ids = consumed if isinstance(consumed, list) else list(consumed)
-            if len(ids) > window:
-                ids = ids[-window:]
-            seen, order = self._consumed, self._consumed_order
-            seen.update(ids)
-            order.extend(ids)
-            while len(order) > window:
-                seen.discard(order.popleft())
+        dups = self._dups
+        dups.restore(consumed)
         out: list[Action] = []
         touched: dict[Dest, None] = {}
         for m in messages:
@@ -470,9 +462,9 @@ class Broker:
             d.bytes += msg_size(m)
             self._mem += msg_size(m)
             self._rest(d, m, now)  # it waited here across a restart: free to go anywhere
-            self._hold(m.id)
+            dups.hold(m.id)
             self._push_pending(d, m)
-            self._remember(m.id)   # a peer re-forwarding it after our restart is a duplicate
+            dups.remember(m.id)   # a peer re-forwarding it after our restart is a duplicate
             touched[d] = None
         for d in touched:
             self._drain(d, now, out)
@@ -518,9 +510,8 @@ class Broker:
         self._mem -= msg_size(m)
         if type(m.body) is Paged:
             self._paged -= len(m.body)
-        self._release(msg_id)
-        for key in (msg_id, f"{msg_id}#{len(m.path)}"):
-            self._seen.discard(key)
+        self._dups.release(msg_id)
+        self._dups.forget(msg_id, len(m.path))
         if d.blocked:
             self._note_room(d)
         if holder is not None:
@@ -721,7 +712,7 @@ class Broker:
                 del c.inflight[msg_id]
                 c.cs.forwarded.pop(msg_id, None)
                 if not d.topic:
-                    self._release(msg_id)
+                    self._dups.release(msg_id)
             if gone:
                 self._credit_returned(c, now, out)
         self._expiring -= d.expiring
@@ -788,7 +779,7 @@ class Broker:
 
     def _admit_send(self, cs: Conn, f: Send, now: float, out: list) -> bool:
         """Accept a Send (True) or register it as blocked (False); raises to refuse."""
-        if f.persistent and (f.id in self._held or f.id in self._consumed):
+        if f.persistent and self._dups.known(f.id):
             # A producer re-sent after a failover what we already have (its receipt was
             # lost with the old connection): confirm it again, keep one copy.
             if f.receipt:
@@ -815,7 +806,7 @@ class Broker:
         if not d.topic:
             d.bytes += size
             self._mem += size
-            self._hold(m.id)
+            self._dups.hold(m.id)
             if m.persistent and d.stored:
                 out.append(StoreMessage(m))
         if f.receipt:
@@ -841,15 +832,7 @@ class Broker:
         # is a loop.  On a tree link a queue message may legitimately come back after it
         # left (a replay), with any path, so only "held or consumed" tells a duplicate
         # there; topic copies never rest, so their key is the id and the path length.
-        held = f.id in self._held or f.id in self._consumed
-        if not cs.revisit:
-            key: str | None = f.id
-            dup = held or key in self._seen
-        elif f.dst.startswith(("topic://", "temp-topic://")):
-            key = f"{f.id}#{len(f.path)}"
-            dup = key in self._seen
-        else:
-            key, dup = None, held
+        dup, key = self._dups.check_forward(f.id, f.dst, len(f.path), cs.revisit)
         if dup or (self.broker_id in f.path and not cs.revisit):
             # Ack so the sender releases its copy, and drop it.
             out.append(Out(cs.name, ForwardAck([f.id])))
@@ -867,13 +850,13 @@ class Broker:
         if d.limited and not self._check_limits(cs, d, size, out):
             return False
         if key is not None:
-            self._remember(key)
+            self._dups.remember(key)
         d.enqueued += 1
         d.touched = now
         if not d.topic:
             d.bytes += size
             self._mem += size
-            self._hold(m.id)
+            self._dups.hold(m.id)
             if m.persistent and d.stored:
                 out.append(StoreMessage(m))
         out.append(Out(cs.name, ForwardAck([f.id])))   # after the store: see actions.py
@@ -959,26 +942,6 @@ class Broker:
         p = d.policy
         return bool((p.max_messages and held >= p.max_messages)
                     or (p.max_bytes and d.bytes + size > p.max_bytes))
-
-    def _hold(self, msg_id: str) -> None:
-        held = self._held
-        held[msg_id] = held.get(msg_id, 0) + 1
-
-    def _release(self, msg_id: str) -> None:
-        held = self._held
-        n = held.get(msg_id, 0)
-        if n > 1:
-            held[msg_id] = n - 1
-        else:
-            held.pop(msg_id, None)
-
-    def _remember(self, msg_id: str) -> None:
-        if self.dedup_window <= 0 or msg_id in self._seen:
-            return
-        self._seen.add(msg_id)
-        self._seen_order.append(msg_id)
-        if len(self._seen_order) > self.dedup_window:
-            self._seen.discard(self._seen_order.popleft())
 
     # ------------------------------------------------------------------ flow control
 
@@ -1255,7 +1218,7 @@ class Broker:
         d.inflight -= 1
         d.dequeued += 1
         if not d.topic:
-            self._release(m.id)
+            self._dups.release(m.id)
             d.bytes -= msg_size(m)
             self._mem -= msg_size(m)
             if type(m.body) is Paged:
@@ -1289,14 +1252,11 @@ class Broker:
             for m in msgs:
                 forwarded.pop(m.id, None)
                 settle(m, out)
-        elif not c.topic and self.dedup_window > 0:
-            consumed, order = self._consumed, self._consumed_order
+        elif not c.topic and self._dups.window > 0:
+            consume = self._dups.consume
             for m in msgs:
-                consumed.add(m.id)
-                order.append(m.id)
+                consume(m.id)
                 settle(m, out, True)   # DeleteMessage(consumed=True): stored with it
-            while len(order) > self.dedup_window:
-                consumed.discard(order.popleft())
         else:
             for m in msgs:
                 settle(m, out)
@@ -1466,7 +1426,7 @@ class Broker:
     def _discard(self, d: Dest, m: Message, reason: str, out: list, *, dlq: bool = False,
                  now: float = 0.0) -> None:
         """``m`` (already out of pending / in-flight) leaves queue ``d`` unconsumed."""
-        self._release(m.id)
+        self._dups.release(m.id)
         d.bytes -= msg_size(m)
         self._mem -= msg_size(m)
         if type(m.body) is Paged:
@@ -1491,7 +1451,7 @@ class Broker:
         dd.enqueued += 1
         dd.bytes += msg_size(dm)
         self._mem += msg_size(dm)
-        self._hold(dm.id)
+        self._dups.hold(dm.id)
         if dm.persistent and dd.stored:
             out.append(StoreMessage(dm))
         self._dead_lettered += 1
