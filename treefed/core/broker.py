@@ -84,6 +84,15 @@ from typing import Any, Callable, Iterable
 from treefed.core.actions import Action, DeleteMessage, Log, Out, Pause, Resume, StoreMessage
 from treefed.core.destinations import is_wildcard, parse_destination
 from treefed.core.duplicates import Duplicates
+from treefed.core.flow import (
+    BLOCK,
+    DROP_OLDEST,
+    Blocked,
+    check_conn_limits,
+    full,
+    limit_verdict,
+    memory_refusal,
+)
 from treefed.core.index import SubscriptionIndex
 from treefed.core.message import Message
 from treefed.core.paging import Paged
@@ -100,7 +109,7 @@ from treefed.core.records import (
     info,
     msg_size,
 )
-from treefed.errors import DestinationError, LimitError, RemoteError, TreefedError
+from treefed.errors import DestinationError, RemoteError, TreefedError
 from treefed.wire.frames import (
     Ack,
     Deliver,
@@ -169,7 +178,7 @@ class Broker:
         self._regular_seen = False                # set by _pick: an eligible non-fallback
                                                   # consumer existed (credit aside)
         self._waiting: dict[Dest, None] = {}     # queues with pending messages (ordered set)
-        self._room: deque[Dest] = deque()        # full destinations that gained room
+        self._blocked = Blocked()                 # producers parked on full dests (flow.py)
         self._replays: list[tuple[float, int, Dest]] = []  # heap: rested messages due
         self._now = 0.0                           # of the entry point: _eligible needs it
         self._stamp = 0.0                         # last timestamp given: never goes back,
@@ -212,12 +221,7 @@ class Broker:
         out: list[Action] = []
         for c in list(cs.consumers.values()):
             self._remove(c, now, out)
-        cs.parked = None
-        if cs.blocked_on is not None:
-            blocked = cs.blocked_on.blocked
-            if cs in blocked:
-                blocked.remove(cs)
-            cs.blocked_on = None
+        self._blocked.leave(cs)
         for name in cs.temps:
             d = self._dests.get(name)
             if d is not None and d.owner == conn:
@@ -258,7 +262,8 @@ class Broker:
             self._check_temp(conn, pattern, wildcard, peer)
         if peer is None and (self.max_subscriptions_per_conn
                              or self.max_inflight_per_conn):
-            self._check_conn_limits(cs, prefetch)
+            check_conn_limits(cs, prefetch, self.max_subscriptions_per_conn,
+                              self.max_inflight_per_conn)
         if isinstance(selector, str):
             if selector.strip():
                 from treefed.core.selector import compile_selector  # lazy: lark grammar
@@ -299,20 +304,6 @@ class Broker:
                     self._drain(d, now, out)
         self._finish(now, out)
         return out
-
-    def _check_conn_limits(self, cs: Conn, prefetch: int) -> None:
-        """One client connection's share of this broker (issue #12, defect 7): a client
-        opening endless subscriptions is refused here, at its own broker, before its
-        interest can fill a parent's per-child cap and starve every other consumer."""
-        most = self.max_subscriptions_per_conn
-        if most and len(cs.consumers) >= most:
-            raise LimitError(f"connection already has {len(cs.consumers)} subscriptions "
-                             f"(max_subscriptions_per_connection {most})")
-        most = self.max_inflight_per_conn
-        if most and cs.credit + prefetch > most:
-            raise LimitError(f"prefetch {prefetch} would let this connection hold "
-                             f"{cs.credit + prefetch} messages in flight "
-                             f"(max_inflight_per_connection {most})")
 
     def _check_temp(self, conn: str, pattern: str, wildcard: bool, peer: str | None) -> None:
         """A temporary destination belongs to the connection that created it (issue #12,
@@ -405,7 +396,7 @@ class Broker:
                 out.append(Pause(conn, cs.blocked_on.name))
         except TreefedError as exc:
             out.append(Out(conn, Error(exc.code, exc.message, frame.id)))
-        if self._room:
+        if self._blocked.room:
             self._unblock(now, out)
         return out
 
@@ -432,7 +423,7 @@ class Broker:
                 out.append(Pause(conn, cs.blocked_on.name))
         except TreefedError as exc:
             self._refuse_forward(conn, frame, exc, out)
-        if self._room:
+        if self._blocked.room:
             self._unblock(now, out)
         return out
 
@@ -513,7 +504,7 @@ class Broker:
         self._dups.release(msg_id)
         self._dups.forget(msg_id, len(m.path))
         if d.blocked:
-            self._note_room(d)
+            self._blocked.note_room(d)
         if holder is not None:
             self._credit_returned(holder, now, out)
         self._finish(now, out)
@@ -718,7 +709,7 @@ class Broker:
         self._expiring -= d.expiring
         d.expiring = 0
         if d.blocked:
-            self._note_room(d)   # parked sends for it are re-run and refused
+            self._blocked.note_room(d)   # parked sends for it are re-run and refused
 
     def _attach(self, c: Consumer, d: Dest) -> None:
         cons = d.consumers
@@ -798,7 +789,8 @@ class Broker:
                 and not (m.persistent and d.stored and self.pageable):
             # a persistent queue message is refused only where bodies cannot be paged
             # out to a store (see page_out)
-            self._refuse_memory(d, size)
+            raise memory_refusal(self._mem - self._paged, d.name, size,
+                                 self.max_memory_bytes)
         if d.limited and not self._check_limits(cs, d, size, out):
             return False
         d.enqueued += 1
@@ -846,7 +838,8 @@ class Broker:
                 and self._mem - self._paged + size > self.max_memory_bytes:
             # a persistent queue message was confirmed upstream: it is taken (the store
             # holds it); anything else may be lost, and is, rather than the broker
-            self._refuse_memory(d, size)
+            raise memory_refusal(self._mem - self._paged, d.name, size,
+                                 self.max_memory_bytes)
         if d.limited and not self._check_limits(cs, d, size, out):
             return False
         if key is not None:
@@ -866,12 +859,6 @@ class Broker:
         else:
             self._dispatch_new(d, m, now, out)
         return True
-
-    def _refuse_memory(self, d: Dest, size: int) -> None:
-        raise RemoteError(f"broker memory full: {self._mem - self._paged} bytes of messages "
-                          f"held in memory, a "
-                          f"{size}-byte message to {d.name} would pass max_memory_bytes "
-                          f"{self.max_memory_bytes}; retry later", code="memory_full")
 
     def _refuse_forward(self, conn: str, f: Forward, exc: TreefedError, out: list) -> None:
         out.append(Out(conn, Error(exc.code, exc.message, f.id)))
@@ -906,67 +893,34 @@ class Broker:
         return d
 
     def _check_limits(self, cs: Conn, d: Dest, size: int, out: list) -> bool:
-        """True: admit. False: blocked (registered on ``d``). Raises LimitError to refuse."""
-        p = d.policy
-        if p.max_message_bytes and size > p.max_message_bytes:
-            raise LimitError(f"message of {size} bytes exceeds max_message_bytes "
-                             f"{p.max_message_bytes} of {d.name}")
-        if d.topic or not (p.max_messages or p.max_bytes):
-            return True   # held-message limits apply to queues; topics hold nothing
-        if not self._full(d, size):
-            return True
-        behaviour = p.limit_behaviour
-        if behaviour == "reject_newest":
-            raise LimitError(f"{d.name} is full ({len(d.pending) + d.inflight} messages, "
-                             f"{d.bytes} bytes)")
-        if behaviour == "drop_oldest":
+        """True: admit. False: blocked (registered on ``d``). Raises LimitError to refuse
+        (the verdict is flow.limit_verdict's)."""
+        verdict = limit_verdict(d, size)
+        if verdict == BLOCK:
+            self._blocked.block(cs, d)
+            return False
+        if verdict == DROP_OLDEST:
             # Only pending messages can be dropped; if everything held is in flight the
             # new message is admitted over the limit rather than refused.
-            while d.pending and self._full(d, size):
+            while d.pending and full(d, size):
                 m = d.pending.popleft()
                 if m.expires:
                     self._left_pending(d)
                 self._discard(d, m, "limit", out)
             if not d.pending:
                 self._waiting.pop(d, None)
-            return True
-        cs.blocked_on = d
-        d.blocked.append(cs)
-        return False
-
-    @staticmethod
-    def _full(d: Dest, size: int) -> bool:
-        held = len(d.pending) + d.inflight
-        if not held:
-            return False   # an empty destination always takes one message (no deadlock)
-        p = d.policy
-        return bool((p.max_messages and held >= p.max_messages)
-                    or (p.max_bytes and d.bytes + size > p.max_bytes))
+        return True
 
     # ------------------------------------------------------------------ flow control
 
-    def _note_room(self, d: Dest) -> None:
-        if not d.roomy:
-            d.roomy = True
-            self._room.append(d)
-
     def _finish(self, now: float, out: list) -> None:
-        if self._room:
+        if self._blocked.room:
             self._unblock(now, out)
 
     def _unblock(self, now: float, out: list) -> None:
         """Re-run parked sends of conns blocked on destinations that gained room."""
-        room = self._room
-        while room:
-            d = room.popleft()
-            d.roomy = False
-            if d.alive and self._full(d, 0):
-                continue
-            blocked, d.blocked = d.blocked, []
-            for cs in blocked:
-                if cs.blocked_on is d:
-                    cs.blocked_on = None
-                    self._run_parked(cs, now, out)
+        for cs in self._blocked.released():
+            self._run_parked(cs, now, out)
 
     def _run_parked(self, cs: Conn, now: float, out: list) -> None:
         parked = cs.parked
@@ -1226,7 +1180,7 @@ class Broker:
             if m.persistent and d.stored:
                 out.append(DeleteMessage(m.id, d.name, consumed))
             if d.blocked:
-                self._note_room(d)
+                self._blocked.note_room(d)
 
     def _on_ack(self, conn: str, f: Ack, now: float) -> list[Action]:
         c = self._consumer_or_raise(conn, f.sub)
@@ -1437,7 +1391,7 @@ class Broker:
         if dlq:
             self._dead_letter(m, reason, now, out)
         if d.blocked:
-            self._note_room(d)
+            self._blocked.note_room(d)
 
     def _dead_letter(self, m: Message, reason: str, now: float, out: list) -> None:
         """A copy of ``m`` goes to the DLQ, headers telling why and where it was headed.
