@@ -83,6 +83,7 @@ from typing import Any, Callable, Iterable
 
 from treefed.core.actions import Action, DeleteMessage, Log, Out, Pause, Resume, StoreMessage
 from treefed.core.destinations import is_wildcard, parse_destination
+from treefed.core.dispatch import NOBODY, fanout, pick, take
 from treefed.core.duplicates import Duplicates
 from treefed.core.flow import (
     BLOCK,
@@ -175,12 +176,9 @@ class Broker:
         self._timers: list[tuple[float, int, Dest]] = []   # heap of pending expiries
         self._expiring = 0                        # pending messages with an expiry, all dests
         self._seq = count()
-        self._regular_seen = False                # set by _pick: an eligible non-fallback
-                                                  # consumer existed (credit aside)
         self._waiting: dict[Dest, None] = {}     # queues with pending messages (ordered set)
         self._blocked = Blocked()                 # producers parked on full dests (flow.py)
         self._replays: list[tuple[float, int, Dest]] = []  # heap: rested messages due
-        self._now = 0.0                           # of the entry point: _eligible needs it
         self._stamp = 0.0                         # last timestamp given: never goes back,
         #                                           so order by timestamp is send order
         self._dropped: dict[str, int] = {}        # reason -> messages dropped
@@ -945,80 +943,21 @@ class Broker:
 
     # ------------------------------------------------------------------ dispatch
 
-    def _eligible(self, c: Consumer, m: Message, d: Dest) -> bool:
-        if c.peer is not None:
-            if d.local_only and not c.local_only_ok:
-                return False
-            path = m.path
-            if c.peer in path and not (c.replay and m.rested and (
-                    not c.fallback or m.replay_at <= self._now)):
-                return False   # never back to a broker the message has left
-            if c.message_ttl >= 0 and len(path) >= c.message_ttl:
-                return False
-            if m.id in c.cs.forwarded:
-                return False   # one copy per link: a ForwardAck names ids only
-        elif m.id in c.inflight:
-            return False       # an Ack names the id: two in flight would be ambiguous
-        sel = c.selector
-        return sel is None or sel.matches(m.headers, message=m)
-
-    def _pick(self, d: Dest, m: Message) -> int:
-        """Index in d.consumers of the queue consumer to give ``m`` to, or -1."""
-        cons = d.consumers
-        regular = False
-        self._regular_seen = False
-        for i, c in enumerate(cons):
-            if c.fallback:
-                continue
-            if c.peer is None and c.selector is None:
-                if m.id in c.inflight:   # _eligible's answer for a plain local consumer,
-                    continue             # without the call: this is per message
-            elif not self._eligible(c, m, d):
-                continue
-            if len(c.inflight) < c.prefetch:
-                return i   # sorted by priority: the first with credit is the top level
-            regular = True
-        if regular:
-            self._regular_seen = True
-            return -1
-        if not d.fallbacks:
-            return -1
-        for i, c in enumerate(cons):
-            if c.fallback and len(c.inflight) < c.prefetch and self._eligible(c, m, d):
-                return i
-        return -1
-
-    def _take(self, d: Dest, i: int) -> Consumer:
-        """Consumer ``i`` gets the next message: move it to the end of its level."""
-        cons = d.consumers
-        c = cons[i]
-        j = i + 1
-        n = len(cons)
-        p = c.priority
-        while j < n and cons[j].priority == p:
-            j += 1
-        if j - 1 > i:
-            del cons[i]
-            cons.insert(j - 1, c)
-        return c
-
     def _dispatch_new(self, d: Dest, m: Message, now: float, out: list) -> None:
         if m.expires and now >= m.expires:
             self._expire(d, m, now, out)
             return
-        self._regular_seen = False
-        self._now = now
-        i = self._pick(d, m) if d.consumers else -1
-        if i < 0 and not self._regular_seen and not m.rested:
+        i = pick(d, m, now) if d.consumers else NOBODY
+        if i == NOBODY and not m.rested:
             # No consumer here could ever take it (credit aside): it rests, and a replay
             # consumer may now take it back along its path (tree: store -> root -> store).
             self._rest(d, m, now)
             if d.replayers:
-                i = self._pick(d, m)
+                i = pick(d, m, now)
         if i < 0:
             self._push_pending(d, m)
         else:
-            self._give(self._take(d, i), d, m, out)
+            self._give(take(d, i), d, m, out)
 
     def _drain(self, d: Dest, now: float, out: list, only: Consumer | None = None) -> None:
         """Dispatch what pending messages can be, in order, until credit runs out.
@@ -1027,7 +966,6 @@ class Broker:
         pending = d.pending
         if not pending or not d.consumers:
             return
-        self._now = now
         free = 0
         if only is None:
             for c in d.consumers:
@@ -1044,11 +982,11 @@ class Broker:
                 self._left_pending(d)
                 self._expire(d, m, now, out)
                 continue
-            i = self._pick(d, m)
-            if i < 0 and not self._regular_seen and not m.rested:
+            i = pick(d, m, now)
+            if i == NOBODY and not m.rested:
                 self._rest(d, m, now)   # see _dispatch_new
                 if d.replayers:
-                    i = self._pick(d, m)
+                    i = pick(d, m, now)
             if i < 0:
                 if kept is None:
                     kept = []
@@ -1056,7 +994,7 @@ class Broker:
                 continue
             if m.expires:
                 self._left_pending(d)
-            self._give(self._take(d, i), d, m, out)
+            self._give(take(d, i), d, m, out)
             if only is not None:
                 if len(only.inflight) >= only.prefetch:
                     break
@@ -1070,30 +1008,18 @@ class Broker:
             self._waiting.pop(d, None)
 
     def _fanout(self, d: Dest, m: Message, now: float, out: list) -> None:
-        """Topic: a copy to every eligible subscription, one per network conn."""
+        """Topic: a copy to every subscription dispatch.fanout chooses (one per network
+        conn); one without credit gets it queued."""
         if m.expires and now >= m.expires:
             self._count_drop("expired", m.id, d.name, out)
             return
-        links: set[str] | None = None
         taken = False
-        for fallback_pass in (False, True):
-            for c in d.consumers:
-                if c.fallback is not fallback_pass or not self._eligible(c, m, d):
-                    continue
-                taken = True
-                if c.peer is not None:
-                    if links is None:
-                        links = {c.conn}
-                    elif c.conn in links:
-                        continue
-                    else:
-                        links.add(c.conn)
-                if c.backlog or len(c.inflight) >= c.prefetch:
-                    self._queue_for(c, m, out)
-                else:
-                    self._give(c, d, m, out)
-            if not d.fallbacks:
-                break
+        for c in fanout(d, m, now):
+            taken = True
+            if c.backlog or len(c.inflight) >= c.prefetch:
+                self._queue_for(c, m, out)
+            else:
+                self._give(c, d, m, out)
         if not taken:
             # Nobody here or beyond wants it (a tree root with no interest anywhere):
             # topics are not stored, so it is dropped — and counted.
