@@ -2,6 +2,20 @@
 
 Theory of operation
 -------------------
+Module map (issue 18: the broker split along its seams; ``Broker`` is the facade, and
+the only owner of state):
+
+* ``core/records.py`` -- the state records: ``Conn``, ``Consumer``, ``Dest``,
+  ``ConsumerInfo``, ``msg_size``, the shared empties;
+* ``core/dispatch.py`` -- the one message decision point: ``eligible``, ``pick`` (queues:
+  a consumer index, ``WAIT`` or ``NOBODY``), ``take`` (round robin), ``fanout`` (topics);
+* ``core/flow.py`` -- flow control: destination limit verdicts, per-connection limits,
+  the memory refusal, blocked producers (``Blocked``);
+* ``core/duplicates.py`` -- duplicate tracking: held / consumed / seen ids
+  (``Duplicates``);
+* here -- the entry points and everything that acts: admission, giving (Deliver /
+  Forward), draining pending messages, acks, pending and expiry, DLQ, memory books.
+
 ``Broker`` is a state object.  Every entry point takes ``now`` and returns the actions
 (core/actions.py) the shell must perform in order; nothing here awaits, sleeps or reads a
 clock.  A *connection* (``conn``) is any string; a *consumer* is ``(conn, sub_id)`` with a
@@ -15,15 +29,15 @@ name (``select`` when a wildcard consumer arrives).  Each destination keeps its 
 of matching consumers, sorted by priority (highest first) and rotated within a level, so
 per-message dispatch never consults the index.
 
-Queues: a message goes to one consumer -- the first *eligible* one with credit in that
-list, i.e. the highest priority level that has credit, round-robin within the level.  No
-such consumer: the message waits in ``pending``.  Invariant: after every entry point no
-pending message could be dispatched, so a new message may be dispatched directly without
-overtaking; whatever returns credit (ack, forward-ack, nack, a new or removed consumer)
-drains pending again.  Eligibility per consumer: its selector matches; a network consumer
-is never given a message whose path holds its peer, nor one whose path is already
-``message_ttl`` long, nor a ``local_only`` destination's message; a fallback consumer
-only when no regular consumer is eligible (credit not considered).
+Queues (dispatch.py): a message goes to one consumer -- the first *eligible* one with
+credit in that list, i.e. the highest priority level that has credit, round-robin within
+the level.  No such consumer: the message waits in ``pending``.  Invariant: after every
+entry point no pending message could be dispatched, so a new message may be dispatched
+directly without overtaking; whatever returns credit (ack, forward-ack, nack, a new or
+removed consumer) drains pending again.  Eligibility per consumer: its selector matches;
+a network consumer is never given a message whose path holds its peer, nor one whose path
+is already ``message_ttl`` long, nor a ``local_only`` destination's message; a fallback
+consumer only when no regular consumer is eligible (credit not considered).
 Topics: every eligible subscription gets the same Message object; network consumers of
 one conn share a single copy per dispatch; a subscriber without credit gets the message
 queued for it (up to prefetch x 10, oldest dropped).  Topic messages are never stored,
@@ -37,23 +51,24 @@ a Receipt (an Out) means "stored".  Expiry: ``expires`` is absolute; expired mes
 never delivered -- checked at dispatch, and a heap of pending messages' expiry times
 drives ``next_deadline`` / ``handle_timer``.
 
-Faults.  A queue message is *held* here from acceptance until it is acked, forward-acked
-or dropped; a copy of a held message, or of one a local consumer acked, is a duplicate
-whatever route it took (a producer re-sending after failover, a peer re-forwarding after
-a reconnect or a restart, a copy that toured the tree).  Duplicates survive a restart:
-held messages come back through ``restore``, and the ids local consumers acked (the
-newest ``dedup_window``) go to the store with their ``DeleteMessage(consumed=True)`` and
-come back as ``restore(..., consumed=)`` -- so a copy the upstream re-forwards because
-our ForwardAck was lost is still acked and dropped.  Ids that were only forwarded on are
-not remembered that way: such a message may come back on a tree link (a replay).  A
-rested message goes back up to a fallback (parent) only ``replay_delay`` after it
-rested, so a consumer that restarts gets its backlog here, in order; a message that
-returns to a broker it left is queued by timestamp among the newer ones (timestamps
-never go back).  ``withdraw`` takes back an accepted message whose store commit failed.
+Faults (duplicates.py).  A queue message is *held* here from acceptance until it is
+acked, forward-acked or dropped; a copy of a held message, or of one a local consumer
+acked, is a duplicate whatever route it took (a producer re-sending after failover, a
+peer re-forwarding after a reconnect or a restart, a copy that toured the tree).
+Duplicates survive a restart: held messages come back through ``restore``, and the ids
+local consumers acked (the newest ``dedup_window``) go to the store with their
+``DeleteMessage(consumed=True)`` and come back as ``restore(..., consumed=)`` -- so a
+copy the upstream re-forwards because our ForwardAck was lost is still acked and dropped.
+Ids that were only forwarded on are not remembered that way: such a message may come back
+on a tree link (a replay).  A rested message goes back up to a fallback (parent) only
+``replay_delay`` after it rested, so a consumer that restarts gets its backlog here, in
+order; a message that returns to a broker it left is queued by timestamp among the newer
+ones (timestamps never go back).  ``withdraw`` takes back an accepted message whose store
+commit failed.
 
-Flow control ("block"): a Send to a full destination is parked, not accepted, and the
-connection is paused; its later sends queue behind it in order; when the destination has
-room they are admitted in order and the connection resumed.
+Flow control ("block", flow.py): a Send to a full destination is parked, not accepted,
+and the connection is paused; its later sends queue behind it in order; when the
+destination has room they are admitted in order and the connection resumed.
 
 Limits (issue #12).  A temporary destination belongs to the connection that created it:
 no wildcard over temp names, no other consumer (``_check_temp``).  A client connection
