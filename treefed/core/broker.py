@@ -2,6 +2,20 @@
 
 Theory of operation
 -------------------
+Module map (issue 18: the broker split along its seams; ``Broker`` is the facade, and
+the only owner of state):
+
+* ``core/records.py`` -- the state records: ``Conn``, ``Consumer``, ``Dest``,
+  ``ConsumerInfo``, ``msg_size``, the shared empties;
+* ``core/dispatch.py`` -- the one message decision point: ``eligible``, ``pick`` (queues:
+  a consumer index, ``WAIT`` or ``NOBODY``), ``take`` (round robin), ``fanout`` (topics);
+* ``core/flow.py`` -- flow control: destination limit verdicts, per-connection limits,
+  the memory refusal, blocked producers (``Blocked``);
+* ``core/duplicates.py`` -- duplicate tracking: held / consumed / seen ids
+  (``Duplicates``);
+* here -- the entry points and everything that acts: admission, giving (Deliver /
+  Forward), draining pending messages, acks, pending and expiry, DLQ, memory books.
+
 ``Broker`` is a state object.  Every entry point takes ``now`` and returns the actions
 (core/actions.py) the shell must perform in order; nothing here awaits, sleeps or reads a
 clock.  A *connection* (``conn``) is any string; a *consumer* is ``(conn, sub_id)`` with a
@@ -15,15 +29,15 @@ name (``select`` when a wildcard consumer arrives).  Each destination keeps its 
 of matching consumers, sorted by priority (highest first) and rotated within a level, so
 per-message dispatch never consults the index.
 
-Queues: a message goes to one consumer -- the first *eligible* one with credit in that
-list, i.e. the highest priority level that has credit, round-robin within the level.  No
-such consumer: the message waits in ``pending``.  Invariant: after every entry point no
-pending message could be dispatched, so a new message may be dispatched directly without
-overtaking; whatever returns credit (ack, forward-ack, nack, a new or removed consumer)
-drains pending again.  Eligibility per consumer: its selector matches; a network consumer
-is never given a message whose path holds its peer, nor one whose path is already
-``message_ttl`` long, nor a ``local_only`` destination's message; a fallback consumer
-only when no regular consumer is eligible (credit not considered).
+Queues (dispatch.py): a message goes to one consumer -- the first *eligible* one with
+credit in that list, i.e. the highest priority level that has credit, round-robin within
+the level.  No such consumer: the message waits in ``pending``.  Invariant: after every
+entry point no pending message could be dispatched, so a new message may be dispatched
+directly without overtaking; whatever returns credit (ack, forward-ack, nack, a new or
+removed consumer) drains pending again.  Eligibility per consumer: its selector matches;
+a network consumer is never given a message whose path holds its peer, nor one whose path
+is already ``message_ttl`` long, nor a ``local_only`` destination's message; a fallback
+consumer only when no regular consumer is eligible (credit not considered).
 Topics: every eligible subscription gets the same Message object; network consumers of
 one conn share a single copy per dispatch; a subscriber without credit gets the message
 queued for it (up to prefetch x 10, oldest dropped).  Topic messages are never stored,
@@ -37,23 +51,24 @@ a Receipt (an Out) means "stored".  Expiry: ``expires`` is absolute; expired mes
 never delivered -- checked at dispatch, and a heap of pending messages' expiry times
 drives ``next_deadline`` / ``handle_timer``.
 
-Faults.  A queue message is *held* here from acceptance until it is acked, forward-acked
-or dropped; a copy of a held message, or of one a local consumer acked, is a duplicate
-whatever route it took (a producer re-sending after failover, a peer re-forwarding after
-a reconnect or a restart, a copy that toured the tree).  Duplicates survive a restart:
-held messages come back through ``restore``, and the ids local consumers acked (the
-newest ``dedup_window``) go to the store with their ``DeleteMessage(consumed=True)`` and
-come back as ``restore(..., consumed=)`` -- so a copy the upstream re-forwards because
-our ForwardAck was lost is still acked and dropped.  Ids that were only forwarded on are
-not remembered that way: such a message may come back on a tree link (a replay).  A
-rested message goes back up to a fallback (parent) only ``replay_delay`` after it
-rested, so a consumer that restarts gets its backlog here, in order; a message that
-returns to a broker it left is queued by timestamp among the newer ones (timestamps
-never go back).  ``withdraw`` takes back an accepted message whose store commit failed.
+Faults (duplicates.py).  A queue message is *held* here from acceptance until it is
+acked, forward-acked or dropped; a copy of a held message, or of one a local consumer
+acked, is a duplicate whatever route it took (a producer re-sending after failover, a
+peer re-forwarding after a reconnect or a restart, a copy that toured the tree).
+Duplicates survive a restart: held messages come back through ``restore``, and the ids
+local consumers acked (the newest ``dedup_window``) go to the store with their
+``DeleteMessage(consumed=True)`` and come back as ``restore(..., consumed=)`` -- so a
+copy the upstream re-forwards because our ForwardAck was lost is still acked and dropped.
+Ids that were only forwarded on are not remembered that way: such a message may come back
+on a tree link (a replay).  A rested message goes back up to a fallback (parent) only
+``replay_delay`` after it rested, so a consumer that restarts gets its backlog here, in
+order; a message that returns to a broker it left is queued by timestamp among the newer
+ones (timestamps never go back).  ``withdraw`` takes back an accepted message whose store
+commit failed.
 
-Flow control ("block"): a Send to a full destination is parked, not accepted, and the
-connection is paused; its later sends queue behind it in order; when the destination has
-room they are admitted in order and the connection resumed.
+Flow control ("block", flow.py): a Send to a full destination is parked, not accepted,
+and the connection is paused; its later sends queue behind it in order; when the
+destination has room they are admitted in order and the connection resumed.
 
 Limits (issue #12).  A temporary destination belongs to the connection that created it:
 no wildcard over temp names, no other consumer (``_check_temp``).  A client connection
@@ -77,17 +92,40 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import count
 from typing import Any, Callable, Iterable
 
 from treefed.core.actions import Action, DeleteMessage, Log, Out, Pause, Resume, StoreMessage
 from treefed.core.destinations import is_wildcard, parse_destination
+from treefed.core.dispatch import NOBODY, fanout, pick, take
+from treefed.core.duplicates import Duplicates
+from treefed.core.flow import (
+    BLOCK,
+    DROP_OLDEST,
+    Blocked,
+    check_conn_limits,
+    full,
+    limit_verdict,
+    memory_refusal,
+)
 from treefed.core.index import SubscriptionIndex
 from treefed.core.message import Message
 from treefed.core.paging import Paged
 from treefed.core.policy import PolicySet
-from treefed.errors import DestinationError, LimitError, RemoteError, TreefedError
+from treefed.core.records import (
+    INF,
+    NO_DESTS,
+    NO_MESSAGES,
+    NO_PENDING,
+    Conn,
+    Consumer,
+    ConsumerInfo,
+    Dest,
+    info,
+    msg_size,
+)
+from treefed.errors import DestinationError, RemoteError, TreefedError
 from treefed.wire.frames import (
     Ack,
     Deliver,
@@ -110,127 +148,6 @@ TOPIC_BACKLOG_FACTOR = 10
 #: A forwarded message whose path is this long is looping (tree replays can revisit
 #: brokers, so the path check alone does not bound them): dropped, reason "hop_limit".
 MAX_HOPS = 64
-
-_INF = float("inf")
-
-# Shared empties (memory: a mesh estate holds millions of network consumers, most of
-# which never carry a message).  Never mutated: every insertion site swaps in a fresh
-# container first (``_give``, ``_attach``, ``_new_dest``, ``_push_pending``,
-# ``_requeue_front``); reads, ``pop``, ``clear`` and ``del`` of a present key are safe.
-_NO_MESSAGES: dict = {}      # _Consumer.inflight until its first message
-_NO_DESTS: dict = {}         # _Consumer.dests until it is attached to a destination
-_NO_PENDING: deque = deque()  # _Dest.pending until a message waits (an empty deque: 760 B)
-
-
-def _size(m: Message) -> int:
-    # Same value as Message.size without a generator per message (hot path).
-    h = m.headers
-    if not h:
-        return len(m.body) + 64
-    return len(m.body) + 64 + 16 * len(h) + sum(map(len, h))
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumerInfo:
-    """A read-only snapshot of one consumer (for federation and statistics)."""
-
-    conn: str
-    sub_id: str
-    dst: str                    # canonical pattern, wildcards allowed
-    selector: str | None
-    prefetch: int
-    priority: int
-    peer: str | None            # broker id when this is network demand
-    message_ttl: int
-    fallback: bool
-    local_only_ok: bool
-    inflight: int               # delivered / forwarded, not yet acked
-    queued: int                 # topic messages waiting for this subscriber's credit
-    delivered: int              # messages given to it so far
-
-
-class _Conn:
-    __slots__ = ("name", "consumers", "forwarded", "parked", "blocked_on", "temps", "revisit",
-                 "credit")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.credit = 0                               # local consumers' prefetch, summed:
-        #                                               the most it may have in flight
-        self.consumers: dict[str, _Consumer] = {}     # sub_id -> consumer
-        self.forwarded: dict[str, _Consumer] = {}     # msg id -> network consumer holding it,
-        #                                              so a ForwardAck (ids only) finds it
-        self.parked: deque | None = None              # Send/Forward frames waiting (paused)
-        self.blocked_on: _Dest | None = None          # the full destination we wait for
-        self.temps: list[str] = []                    # temp destinations this conn owns
-        self.revisit = False                          # tree link: a replayed message may
-                                                      # come back to a broker on its path
-
-
-class _Consumer:
-    __slots__ = ("conn", "cs", "sub_id", "pattern", "selector", "prefetch", "priority", "peer",
-                 "message_ttl", "fallback", "local_only_ok", "replay", "topic", "inflight", "dests",
-                 "backlog", "gid", "seq", "delivered")
-
-    def __init__(self, cs: _Conn, sub_id: str, pattern: str, selector: Any, prefetch: int,
-                 priority: int, peer: str | None, message_ttl: int, fallback: bool,
-                 local_only_ok: bool, gid: str, seq: int, replay: bool = False) -> None:
-        self.conn = cs.name
-        self.cs = cs
-        self.sub_id = sub_id
-        self.pattern = pattern
-        self.selector = selector              # object with .matches(headers, message=), or None
-        self.prefetch = prefetch              # credit: most messages in flight at once
-        self.priority = priority
-        self.peer = peer                      # not None: network demand toward that broker
-        self.message_ttl = message_ttl        # network only: max path length offered, -1 = any
-        self.fallback = bool(fallback)        # route_unknown_up: last resort for queues
-        self.local_only_ok = local_only_ok    # network demand allowed to see local_only dsts
-        self.replay = replay                  # tree: a rested message may go back along its path
-        self.topic = pattern.startswith("topic://") or pattern.startswith("temp-topic://")
-        self.inflight: dict[str, Message] = _NO_MESSAGES  # msg id -> message, in delivery
-        #                                                   order (shared empty until used)
-        self.dests: dict[_Dest, None] = _NO_DESTS  # destinations it is attached to (ordered
-        #                                            set; shared empty until attached)
-        self.backlog: deque | None = None        # topics: messages waiting for credit
-        self.gid = gid                           # "<broker>/<conn>/<sub_id>" for events
-        #                                          (local consumers only; None for demand)
-        self.seq = seq                           # creation order: tie-break within a level
-        self.delivered = 0
-
-
-class _Dest:
-    __slots__ = ("name", "topic", "temp", "stored", "policy", "local_only", "limited",
-                 "consumers", "fallbacks", "replayers", "pending", "inflight", "bytes", "enqueued",
-                 "dequeued", "expiring", "next_expiry", "blocked", "roomy", "owner", "alive",
-                 "replay_timer", "touched")
-
-    def __init__(self, name: str, policy: Any) -> None:
-        self.name = name
-        self.topic = name.startswith("topic://") or name.startswith("temp-topic://")
-        self.temp = name.startswith("temp-")
-        self.stored = not self.topic and not self.temp   # persistent messages hit the store
-        self.policy = policy
-        self.local_only = policy.local_only
-        self.limited = policy.limited
-        self.consumers: list[_Consumer] = []   # priority desc; rotated within a level
-        self.fallbacks = 0                     # how many of them are fallback consumers
-        self.replayers = 0                     # how many may take a rested message back
-        self.pending: deque[Message] = _NO_PENDING  # queues: waiting for an eligible
-        #                                              consumer (shared empty until used)
-        self.inflight = 0                      # given to consumers, not yet acked
-        self.bytes = 0                         # queues: size of pending + in-flight
-        self.enqueued = 0
-        self.dequeued = 0
-        self.expiring = 0                      # pending messages that carry an expiry
-        self.next_expiry = _INF                # <= earliest expiry among pending
-        self.blocked: list[_Conn] = []         # conns whose parked send waits for room here
-        self.roomy = False                     # already listed in Broker._room
-        self.owner: str | None = None          # temp destinations: owning conn
-        self.alive = True
-        self.replay_timer = 0.0                # latest replay timer scheduled for it
-        self.touched = -1.0                    # last message admitted (idle collection;
-        #                                        -1: none yet)
 
 
 class Broker:
@@ -266,26 +183,17 @@ class Broker:
         self.max_redeliveries = max_redeliveries
         self.dlq = parse_destination(dlq)
         self.log_messages = log_messages
-        self.dedup_window = dedup_window
-        self._conns: dict[str, _Conn] = {}
-        self._dests: dict[str, _Dest] = {}
+        self._dups = Duplicates(dedup_window)     # held / consumed / seen ids (duplicates.py)
+        self._conns: dict[str, Conn] = {}
+        self._dests: dict[str, Dest] = {}
         self._subs = SubscriptionIndex(flat_literals=True)  # consumer patterns -> consumers
-        self._dest_index = SubscriptionIndex()    # live destination names -> _Dest
-        self._timers: list[tuple[float, int, _Dest]] = []   # heap of pending expiries
+        self._dest_index = SubscriptionIndex()    # live destination names -> Dest
+        self._timers: list[tuple[float, int, Dest]] = []   # heap of pending expiries
         self._expiring = 0                        # pending messages with an expiry, all dests
         self._seq = count()
-        self._regular_seen = False                # set by _pick: an eligible non-fallback
-                                                  # consumer existed (credit aside)
-        self._waiting: dict[_Dest, None] = {}     # queues with pending messages (ordered set)
-        self._room: deque[_Dest] = deque()        # full destinations that gained room
-        self._seen: set[str] = set()              # forwarded ids accepted (dedup window)
-        self._seen_order: deque[str] = deque()
-        self._held: dict[str, int] = {}           # queue message id -> copies held here:
-        #                                           a duplicate of one we hold is dropped
-        self._consumed: set[str] = set()          # ids a local consumer acked (dedup
-        self._consumed_order: deque[str] = deque()  # window): a late copy is a duplicate
-        self._replays: list[tuple[float, int, _Dest]] = []  # heap: rested messages due
-        self._now = 0.0                           # of the entry point: _eligible needs it
+        self._waiting: dict[Dest, None] = {}     # queues with pending messages (ordered set)
+        self._blocked = Blocked()                 # producers parked on full dests (flow.py)
+        self._replays: list[tuple[float, int, Dest]] = []  # heap: rested messages due
         self._stamp = 0.0                         # last timestamp given: never goes back,
         #                                           so order by timestamp is send order
         self._dropped: dict[str, int] = {}        # reason -> messages dropped
@@ -306,6 +214,11 @@ class Broker:
             Ping: self._on_ping,
         }
 
+    @property
+    def dedup_window(self) -> int:
+        """How many consumed ids and forwarded keys are remembered (core/duplicates.py)."""
+        return self._dups.window
+
     # ------------------------------------------------------------------ connections
 
     def connect(self, conn: str, now: float) -> list[Action]:
@@ -321,12 +234,7 @@ class Broker:
         out: list[Action] = []
         for c in list(cs.consumers.values()):
             self._remove(c, now, out)
-        cs.parked = None
-        if cs.blocked_on is not None:
-            blocked = cs.blocked_on.blocked
-            if cs in blocked:
-                blocked.remove(cs)
-            cs.blocked_on = None
+        self._blocked.leave(cs)
         for name in cs.temps:
             d = self._dests.get(name)
             if d is not None and d.owner == conn:
@@ -367,7 +275,8 @@ class Broker:
             self._check_temp(conn, pattern, wildcard, peer)
         if peer is None and (self.max_subscriptions_per_conn
                              or self.max_inflight_per_conn):
-            self._check_conn_limits(cs, prefetch)
+            check_conn_limits(cs, prefetch, self.max_subscriptions_per_conn,
+                              self.max_inflight_per_conn)
         if isinstance(selector, str):
             if selector.strip():
                 from treefed.core.selector import compile_selector  # lazy: lark grammar
@@ -389,7 +298,7 @@ class Broker:
                 cs.temps.append(pattern)
             dests = [d] if d is not None else []
         seq = next(self._seq)
-        c = _Consumer(cs, sub_id, pattern, selector, prefetch, priority, peer, message_ttl,
+        c = Consumer(cs, sub_id, pattern, selector, prefetch, priority, peer, message_ttl,
                       fallback, local_only_ok,
                       f"{self.broker_id}/{conn}/{sub_id}" if peer is None else None, seq,
                       replay)
@@ -408,20 +317,6 @@ class Broker:
                     self._drain(d, now, out)
         self._finish(now, out)
         return out
-
-    def _check_conn_limits(self, cs: _Conn, prefetch: int) -> None:
-        """One client connection's share of this broker (issue #12, defect 7): a client
-        opening endless subscriptions is refused here, at its own broker, before its
-        interest can fill a parent's per-child cap and starve every other consumer."""
-        most = self.max_subscriptions_per_conn
-        if most and len(cs.consumers) >= most:
-            raise LimitError(f"connection already has {len(cs.consumers)} subscriptions "
-                             f"(max_subscriptions_per_connection {most})")
-        most = self.max_inflight_per_conn
-        if most and cs.credit + prefetch > most:
-            raise LimitError(f"prefetch {prefetch} would let this connection hold "
-                             f"{cs.credit + prefetch} messages in flight "
-                             f"(max_inflight_per_connection {most})")
 
     def _check_temp(self, conn: str, pattern: str, wildcard: bool, peer: str | None) -> None:
         """A temporary destination belongs to the connection that created it (issue #12,
@@ -476,7 +371,7 @@ class Broker:
     def consumer(self, conn: str, sub_id: str) -> ConsumerInfo | None:
         cs = self._conns.get(conn)
         c = cs.consumers.get(sub_id) if cs is not None else None
-        return _info(c) if c is not None else None
+        return info(c) if c is not None else None
 
     def temp_owner(self, name: str) -> str | None:
         """The local connection owning temporary destination ``name``, or None."""
@@ -497,7 +392,7 @@ class Broker:
                 found = list(d.consumers)
             else:
                 found = sorted(self._subs.match(pattern), key=lambda c: (-c.priority, c.seq))
-        return [_info(c) for c in found]
+        return [info(c) for c in found]
 
     # ------------------------------------------------------------------ messages arriving
 
@@ -514,7 +409,7 @@ class Broker:
                 out.append(Pause(conn, cs.blocked_on.name))
         except TreefedError as exc:
             out.append(Out(conn, Error(exc.code, exc.message, frame.id)))
-        if self._room:
+        if self._blocked.room:
             self._unblock(now, out)
         return out
 
@@ -541,7 +436,7 @@ class Broker:
                 out.append(Pause(conn, cs.blocked_on.name))
         except TreefedError as exc:
             self._refuse_forward(conn, frame, exc, out)
-        if self._room:
+        if self._blocked.room:
             self._unblock(now, out)
         return out
 
@@ -554,18 +449,10 @@ class Broker:
         ``consumed``: ids of queue messages local consumers acked before the restart,
         oldest first (``store.load_consumed()``); they are remembered first (the newest
         ``dedup_window`` of them), so a copy re-forwarded or re-sent later is a duplicate."""
-        window = self.dedup_window
-        if window > 0:
-            ids = consumed if isinstance(consumed, list) else list(consumed)
-            if len(ids) > window:
-                ids = ids[-window:]
-            seen, order = self._consumed, self._consumed_order
-            seen.update(ids)
-            order.extend(ids)
-            while len(order) > window:
-                seen.discard(order.popleft())
+        dups = self._dups
+        dups.restore(consumed)
         out: list[Action] = []
-        touched: dict[_Dest, None] = {}
+        touched: dict[Dest, None] = {}
         for m in messages:
             try:
                 name = parse_destination(m.dst)
@@ -576,12 +463,12 @@ class Broker:
             if not d.stored:
                 out.append(DeleteMessage(m.id, m.dst))
                 continue
-            d.bytes += _size(m)
-            self._mem += _size(m)
+            d.bytes += msg_size(m)
+            self._mem += msg_size(m)
             self._rest(d, m, now)  # it waited here across a restart: free to go anywhere
-            self._hold(m.id)
+            dups.hold(m.id)
             self._push_pending(d, m)
-            self._remember(m.id)   # a peer re-forwarding it after our restart is a duplicate
+            dups.remember(m.id)   # a peer re-forwarding it after our restart is a duplicate
             touched[d] = None
         for d in touched:
             self._drain(d, now, out)
@@ -623,15 +510,14 @@ class Broker:
         if m is None:
             return out
         d.enqueued -= 1
-        d.bytes -= _size(m)
-        self._mem -= _size(m)
+        d.bytes -= msg_size(m)
+        self._mem -= msg_size(m)
         if type(m.body) is Paged:
             self._paged -= len(m.body)
-        self._release(msg_id)
-        for key in (msg_id, f"{msg_id}#{len(m.path)}"):
-            self._seen.discard(key)
+        self._dups.release(msg_id)
+        self._dups.forget(msg_id, len(m.path))
         if d.blocked:
-            self._note_room(d)
+            self._blocked.note_room(d)
         if holder is not None:
             self._credit_returned(holder, now, out)
         self._finish(now, out)
@@ -664,7 +550,7 @@ class Broker:
         """Expire pending messages whose time has come (DLQ or discard by policy), and
         offer rested messages whose ``replay_delay`` has passed to fallback consumers."""
         heap = self._timers
-        due: dict[_Dest, None] = {}
+        due: dict[Dest, None] = {}
         while heap and heap[0][0] <= now:
             _, _, d = heapq.heappop(heap)
             if d.alive and d.expiring and d.next_expiry <= now:
@@ -788,19 +674,19 @@ class Broker:
 
     # ================================================================== internals
 
-    def _conn(self, conn: str) -> _Conn:
+    def _conn(self, conn: str) -> Conn:
         cs = self._conns.get(conn)
         if cs is None:
-            cs = self._conns[conn] = _Conn(conn)
+            cs = self._conns[conn] = Conn(conn)
         return cs
 
-    def _new_dest(self, name: str) -> _Dest:
-        d = _Dest(name, self.policies.for_destination(name))
+    def _new_dest(self, name: str) -> Dest:
+        d = Dest(name, self.policies.for_destination(name))
         found = self._subs.match(name)
         if found:
             d.consumers = sorted(found, key=lambda c: (-c.priority, c.seq))
             for c in d.consumers:
-                if c.dests is _NO_DESTS:
+                if c.dests is NO_DESTS:
                     c.dests = {}
                 c.dests[d] = None
                 if c.fallback:
@@ -813,7 +699,7 @@ class Broker:
         self._dest_index.insert(name, d)
         return d
 
-    def _delete_dest(self, d: _Dest, now: float, out: list) -> None:
+    def _delete_dest(self, d: Dest, now: float, out: list) -> None:
         """Delete a temporary destination: pending discarded, attached consumers detached
         (whatever they hold of it is forgotten: its acks will find nothing)."""
         d.alive = False
@@ -830,21 +716,21 @@ class Broker:
                 del c.inflight[msg_id]
                 c.cs.forwarded.pop(msg_id, None)
                 if not d.topic:
-                    self._release(msg_id)
+                    self._dups.release(msg_id)
             if gone:
                 self._credit_returned(c, now, out)
         self._expiring -= d.expiring
         d.expiring = 0
         if d.blocked:
-            self._note_room(d)   # parked sends for it are re-run and refused
+            self._blocked.note_room(d)   # parked sends for it are re-run and refused
 
-    def _attach(self, c: _Consumer, d: _Dest) -> None:
+    def _attach(self, c: Consumer, d: Dest) -> None:
         cons = d.consumers
         i = len(cons)
         while i and cons[i - 1].priority < c.priority:
             i -= 1
         cons.insert(i, c)   # at the end of its priority level
-        if c.dests is _NO_DESTS:
+        if c.dests is NO_DESTS:
             c.dests = {}
         c.dests[d] = None
         if c.fallback:
@@ -852,13 +738,13 @@ class Broker:
         if c.replay:
             d.replayers += 1
 
-    def _remove(self, c: _Consumer, now: float, out: list) -> None:
+    def _remove(self, c: Consumer, now: float, out: list) -> None:
         cs = c.cs
         del cs.consumers[c.sub_id]
         if c.peer is None:
             cs.credit -= c.prefetch
         self._subs.remove(c.pattern, c)
-        requeue: dict[_Dest, list[Message]] = {}
+        requeue: dict[Dest, list[Message]] = {}
         for m in c.inflight.values():
             if c.peer is not None:
                 cs.forwarded.pop(m.id, None)
@@ -871,7 +757,7 @@ class Broker:
                 requeue.setdefault(d, []).append(m)
         c.inflight.clear()
         if c.backlog:
-            self._mem -= sum(map(_size, c.backlog))
+            self._mem -= sum(map(msg_size, c.backlog))
         c.backlog = None
         dests = list(c.dests)
         c.dests.clear()
@@ -895,9 +781,9 @@ class Broker:
 
     # ------------------------------------------------------------------ admission
 
-    def _admit_send(self, cs: _Conn, f: Send, now: float, out: list) -> bool:
+    def _admit_send(self, cs: Conn, f: Send, now: float, out: list) -> bool:
         """Accept a Send (True) or register it as blocked (False); raises to refuse."""
-        if f.persistent and (f.id in self._held or f.id in self._consumed):
+        if f.persistent and self._dups.known(f.id):
             # A producer re-sent after a failover what we already have (its receipt was
             # lost with the old connection): confirm it again, keep one copy.
             if f.receipt:
@@ -911,12 +797,13 @@ class Broker:
         stamp = self._stamp = now if now > self._stamp else self._stamp
         m = Message(f.id, d.name, f.headers, f.body, f.persistent, f.priority, stamp,
                     now + ttl / 1000 if ttl > 0 else 0.0, f.reply_to)
-        size = _size(m)
+        size = msg_size(m)
         if self.max_memory_bytes and self._mem - self._paged + size > self.max_memory_bytes \
                 and not (m.persistent and d.stored and self.pageable):
             # a persistent queue message is refused only where bodies cannot be paged
             # out to a store (see page_out)
-            self._refuse_memory(d, size)
+            raise memory_refusal(self._mem - self._paged, d.name, size,
+                                 self.max_memory_bytes)
         if d.limited and not self._check_limits(cs, d, size, out):
             return False
         d.enqueued += 1
@@ -924,7 +811,7 @@ class Broker:
         if not d.topic:
             d.bytes += size
             self._mem += size
-            self._hold(m.id)
+            self._dups.hold(m.id)
             if m.persistent and d.stored:
                 out.append(StoreMessage(m))
         if f.receipt:
@@ -938,7 +825,7 @@ class Broker:
             self._dispatch_new(d, m, now, out)
         return True
 
-    def _admit_forward(self, cs: _Conn, f: Forward, now: float, out: list) -> bool:
+    def _admit_forward(self, cs: Conn, f: Forward, now: float, out: list) -> bool:
         if len(f.path) >= MAX_HOPS:
             # Whatever the routing did, a message that crossed this many links is looping.
             out.append(Out(cs.name, ForwardAck([f.id])))
@@ -950,15 +837,7 @@ class Broker:
         # is a loop.  On a tree link a queue message may legitimately come back after it
         # left (a replay), with any path, so only "held or consumed" tells a duplicate
         # there; topic copies never rest, so their key is the id and the path length.
-        held = f.id in self._held or f.id in self._consumed
-        if not cs.revisit:
-            key: str | None = f.id
-            dup = held or key in self._seen
-        elif f.dst.startswith(("topic://", "temp-topic://")):
-            key = f"{f.id}#{len(f.path)}"
-            dup = key in self._seen
-        else:
-            key, dup = None, held
+        dup, key = self._dups.check_forward(f.id, f.dst, len(f.path), cs.revisit)
         if dup or (self.broker_id in f.path and not cs.revisit):
             # Ack so the sender releases its copy, and drop it.
             out.append(Out(cs.name, ForwardAck([f.id])))
@@ -967,22 +846,23 @@ class Broker:
         d = self._lookup_for_send(f.dst)
         m = Message(f.id, d.name, f.headers, f.body, f.persistent, f.priority,
                     f.timestamp or now, f.expires, f.reply_to, tuple(f.path), f.redelivered)
-        size = _size(m)
+        size = msg_size(m)
         if self.max_memory_bytes and not (m.persistent and d.stored) \
                 and self._mem - self._paged + size > self.max_memory_bytes:
             # a persistent queue message was confirmed upstream: it is taken (the store
             # holds it); anything else may be lost, and is, rather than the broker
-            self._refuse_memory(d, size)
+            raise memory_refusal(self._mem - self._paged, d.name, size,
+                                 self.max_memory_bytes)
         if d.limited and not self._check_limits(cs, d, size, out):
             return False
         if key is not None:
-            self._remember(key)
+            self._dups.remember(key)
         d.enqueued += 1
         d.touched = now
         if not d.topic:
             d.bytes += size
             self._mem += size
-            self._hold(m.id)
+            self._dups.hold(m.id)
             if m.persistent and d.stored:
                 out.append(StoreMessage(m))
         out.append(Out(cs.name, ForwardAck([f.id])))   # after the store: see actions.py
@@ -993,18 +873,12 @@ class Broker:
             self._dispatch_new(d, m, now, out)
         return True
 
-    def _refuse_memory(self, d: _Dest, size: int) -> None:
-        raise RemoteError(f"broker memory full: {self._mem - self._paged} bytes of messages "
-                          f"held in memory, a "
-                          f"{size}-byte message to {d.name} would pass max_memory_bytes "
-                          f"{self.max_memory_bytes}; retry later", code="memory_full")
-
     def _refuse_forward(self, conn: str, f: Forward, exc: TreefedError, out: list) -> None:
         out.append(Out(conn, Error(exc.code, exc.message, f.id)))
         out.append(Out(conn, ForwardAck([f.id])))
         self._count_drop(exc.code, f.id, f.dst, out)
 
-    def _lookup_for_send(self, dst: str) -> _Dest:
+    def _lookup_for_send(self, dst: str) -> Dest:
         # A live destination's key is its canonical name, so text equal to a key needs
         # no parsing (the usual case: producers send to canonical names).
         d = self._dests.get(dst) if type(dst) is str else None
@@ -1022,7 +896,7 @@ class Broker:
                 # nobody subscribes: the message is dropped (no_route) and the name is
                 # not kept -- it would be idle at once; a flood of topic names costs
                 # nothing here (defect 8)
-                return _Dest(name, self.policies.for_destination(name))
+                return Dest(name, self.policies.for_destination(name))
             d = self._new_dest(name)
             if self.idle_destination_seconds and self._idle_due is None:
                 self._idle_due = 0.0   # next_deadline: sweep at the next timer
@@ -1031,90 +905,37 @@ class Broker:
                               code="no_such_destination")
         return d
 
-    def _check_limits(self, cs: _Conn, d: _Dest, size: int, out: list) -> bool:
-        """True: admit. False: blocked (registered on ``d``). Raises LimitError to refuse."""
-        p = d.policy
-        if p.max_message_bytes and size > p.max_message_bytes:
-            raise LimitError(f"message of {size} bytes exceeds max_message_bytes "
-                             f"{p.max_message_bytes} of {d.name}")
-        if d.topic or not (p.max_messages or p.max_bytes):
-            return True   # held-message limits apply to queues; topics hold nothing
-        if not self._full(d, size):
-            return True
-        behaviour = p.limit_behaviour
-        if behaviour == "reject_newest":
-            raise LimitError(f"{d.name} is full ({len(d.pending) + d.inflight} messages, "
-                             f"{d.bytes} bytes)")
-        if behaviour == "drop_oldest":
+    def _check_limits(self, cs: Conn, d: Dest, size: int, out: list) -> bool:
+        """True: admit. False: blocked (registered on ``d``). Raises LimitError to refuse
+        (the verdict is flow.limit_verdict's)."""
+        verdict = limit_verdict(d, size)
+        if verdict == BLOCK:
+            self._blocked.block(cs, d)
+            return False
+        if verdict == DROP_OLDEST:
             # Only pending messages can be dropped; if everything held is in flight the
             # new message is admitted over the limit rather than refused.
-            while d.pending and self._full(d, size):
+            while d.pending and full(d, size):
                 m = d.pending.popleft()
                 if m.expires:
                     self._left_pending(d)
                 self._discard(d, m, "limit", out)
             if not d.pending:
                 self._waiting.pop(d, None)
-            return True
-        cs.blocked_on = d
-        d.blocked.append(cs)
-        return False
-
-    @staticmethod
-    def _full(d: _Dest, size: int) -> bool:
-        held = len(d.pending) + d.inflight
-        if not held:
-            return False   # an empty destination always takes one message (no deadlock)
-        p = d.policy
-        return bool((p.max_messages and held >= p.max_messages)
-                    or (p.max_bytes and d.bytes + size > p.max_bytes))
-
-    def _hold(self, msg_id: str) -> None:
-        held = self._held
-        held[msg_id] = held.get(msg_id, 0) + 1
-
-    def _release(self, msg_id: str) -> None:
-        held = self._held
-        n = held.get(msg_id, 0)
-        if n > 1:
-            held[msg_id] = n - 1
-        else:
-            held.pop(msg_id, None)
-
-    def _remember(self, msg_id: str) -> None:
-        if self.dedup_window <= 0 or msg_id in self._seen:
-            return
-        self._seen.add(msg_id)
-        self._seen_order.append(msg_id)
-        if len(self._seen_order) > self.dedup_window:
-            self._seen.discard(self._seen_order.popleft())
+        return True
 
     # ------------------------------------------------------------------ flow control
 
-    def _note_room(self, d: _Dest) -> None:
-        if not d.roomy:
-            d.roomy = True
-            self._room.append(d)
-
     def _finish(self, now: float, out: list) -> None:
-        if self._room:
+        if self._blocked.room:
             self._unblock(now, out)
 
     def _unblock(self, now: float, out: list) -> None:
         """Re-run parked sends of conns blocked on destinations that gained room."""
-        room = self._room
-        while room:
-            d = room.popleft()
-            d.roomy = False
-            if d.alive and self._full(d, 0):
-                continue
-            blocked, d.blocked = d.blocked, []
-            for cs in blocked:
-                if cs.blocked_on is d:
-                    cs.blocked_on = None
-                    self._run_parked(cs, now, out)
+        for cs in self._blocked.released():
+            self._run_parked(cs, now, out)
 
-    def _run_parked(self, cs: _Conn, now: float, out: list) -> None:
+    def _run_parked(self, cs: Conn, now: float, out: list) -> None:
         parked = cs.parked
         while parked:
             f = parked[0]
@@ -1137,89 +958,29 @@ class Broker:
 
     # ------------------------------------------------------------------ dispatch
 
-    def _eligible(self, c: _Consumer, m: Message, d: _Dest) -> bool:
-        if c.peer is not None:
-            if d.local_only and not c.local_only_ok:
-                return False
-            path = m.path
-            if c.peer in path and not (c.replay and m.rested and (
-                    not c.fallback or m.replay_at <= self._now)):
-                return False   # never back to a broker the message has left
-            if c.message_ttl >= 0 and len(path) >= c.message_ttl:
-                return False
-            if m.id in c.cs.forwarded:
-                return False   # one copy per link: a ForwardAck names ids only
-        elif m.id in c.inflight:
-            return False       # an Ack names the id: two in flight would be ambiguous
-        sel = c.selector
-        return sel is None or sel.matches(m.headers, message=m)
-
-    def _pick(self, d: _Dest, m: Message) -> int:
-        """Index in d.consumers of the queue consumer to give ``m`` to, or -1."""
-        cons = d.consumers
-        regular = False
-        self._regular_seen = False
-        for i, c in enumerate(cons):
-            if c.fallback:
-                continue
-            if c.peer is None and c.selector is None:
-                if m.id in c.inflight:   # _eligible's answer for a plain local consumer,
-                    continue             # without the call: this is per message
-            elif not self._eligible(c, m, d):
-                continue
-            if len(c.inflight) < c.prefetch:
-                return i   # sorted by priority: the first with credit is the top level
-            regular = True
-        if regular:
-            self._regular_seen = True
-            return -1
-        if not d.fallbacks:
-            return -1
-        for i, c in enumerate(cons):
-            if c.fallback and len(c.inflight) < c.prefetch and self._eligible(c, m, d):
-                return i
-        return -1
-
-    def _take(self, d: _Dest, i: int) -> _Consumer:
-        """Consumer ``i`` gets the next message: move it to the end of its level."""
-        cons = d.consumers
-        c = cons[i]
-        j = i + 1
-        n = len(cons)
-        p = c.priority
-        while j < n and cons[j].priority == p:
-            j += 1
-        if j - 1 > i:
-            del cons[i]
-            cons.insert(j - 1, c)
-        return c
-
-    def _dispatch_new(self, d: _Dest, m: Message, now: float, out: list) -> None:
+    def _dispatch_new(self, d: Dest, m: Message, now: float, out: list) -> None:
         if m.expires and now >= m.expires:
             self._expire(d, m, now, out)
             return
-        self._regular_seen = False
-        self._now = now
-        i = self._pick(d, m) if d.consumers else -1
-        if i < 0 and not self._regular_seen and not m.rested:
+        i = pick(d, m, now) if d.consumers else NOBODY
+        if i == NOBODY and not m.rested:
             # No consumer here could ever take it (credit aside): it rests, and a replay
             # consumer may now take it back along its path (tree: store -> root -> store).
             self._rest(d, m, now)
             if d.replayers:
-                i = self._pick(d, m)
+                i = pick(d, m, now)
         if i < 0:
             self._push_pending(d, m)
         else:
-            self._give(self._take(d, i), d, m, out)
+            self._give(take(d, i), d, m, out)
 
-    def _drain(self, d: _Dest, now: float, out: list, only: _Consumer | None = None) -> None:
+    def _drain(self, d: Dest, now: float, out: list, only: Consumer | None = None) -> None:
         """Dispatch what pending messages can be, in order, until credit runs out.
 
         ``only``: just this consumer gained credit, so stop when it has none left."""
         pending = d.pending
         if not pending or not d.consumers:
             return
-        self._now = now
         free = 0
         if only is None:
             for c in d.consumers:
@@ -1236,11 +997,11 @@ class Broker:
                 self._left_pending(d)
                 self._expire(d, m, now, out)
                 continue
-            i = self._pick(d, m)
-            if i < 0 and not self._regular_seen and not m.rested:
+            i = pick(d, m, now)
+            if i == NOBODY and not m.rested:
                 self._rest(d, m, now)   # see _dispatch_new
                 if d.replayers:
-                    i = self._pick(d, m)
+                    i = pick(d, m, now)
             if i < 0:
                 if kept is None:
                     kept = []
@@ -1248,7 +1009,7 @@ class Broker:
                 continue
             if m.expires:
                 self._left_pending(d)
-            self._give(self._take(d, i), d, m, out)
+            self._give(take(d, i), d, m, out)
             if only is not None:
                 if len(only.inflight) >= only.prefetch:
                     break
@@ -1261,49 +1022,37 @@ class Broker:
         if not pending:
             self._waiting.pop(d, None)
 
-    def _fanout(self, d: _Dest, m: Message, now: float, out: list) -> None:
-        """Topic: a copy to every eligible subscription, one per network conn."""
+    def _fanout(self, d: Dest, m: Message, now: float, out: list) -> None:
+        """Topic: a copy to every subscription dispatch.fanout chooses (one per network
+        conn); one without credit gets it queued."""
         if m.expires and now >= m.expires:
             self._count_drop("expired", m.id, d.name, out)
             return
-        links: set[str] | None = None
         taken = False
-        for fallback_pass in (False, True):
-            for c in d.consumers:
-                if c.fallback is not fallback_pass or not self._eligible(c, m, d):
-                    continue
-                taken = True
-                if c.peer is not None:
-                    if links is None:
-                        links = {c.conn}
-                    elif c.conn in links:
-                        continue
-                    else:
-                        links.add(c.conn)
-                if c.backlog or len(c.inflight) >= c.prefetch:
-                    self._queue_for(c, m, out)
-                else:
-                    self._give(c, d, m, out)
-            if not d.fallbacks:
-                break
+        for c in fanout(d, m, now):
+            taken = True
+            if c.backlog or len(c.inflight) >= c.prefetch:
+                self._queue_for(c, m, out)
+            else:
+                self._give(c, d, m, out)
         if not taken:
             # Nobody here or beyond wants it (a tree root with no interest anywhere):
             # topics are not stored, so it is dropped — and counted.
             self._count_drop("no_route", m.id, d.name, out)
 
-    def _queue_for(self, c: _Consumer, m: Message, out: list) -> None:
+    def _queue_for(self, c: Consumer, m: Message, out: list) -> None:
         backlog = c.backlog
         if backlog is None:
             backlog = c.backlog = deque()
         elif len(backlog) >= c.prefetch * TOPIC_BACKLOG_FACTOR:
             old = backlog.popleft()
-            self._mem -= _size(old)
+            self._mem -= msg_size(old)
             self._count_drop("overflow", old.id, old.dst, out)
         backlog.append(m)
-        self._mem += _size(m)
+        self._mem += msg_size(m)
 
-    def _give(self, c: _Consumer, d: _Dest, m: Message, out: list) -> None:
-        if c.inflight is _NO_MESSAGES:
+    def _give(self, c: Consumer, d: Dest, m: Message, out: list) -> None:
+        if c.inflight is NO_MESSAGES:
             c.inflight = {}
         c.inflight[m.id] = m
         c.delivered += 1
@@ -1327,12 +1076,12 @@ class Broker:
                 out.append(Log("message.forwarded", {"msg": m.id, "dst": m.dst, "link": c.conn,
                                                      "peer": c.peer, "hops": len(path)}))
 
-    def _credit_returned(self, c: _Consumer, now: float, out: list) -> None:
+    def _credit_returned(self, c: Consumer, now: float, out: list) -> None:
         if c.topic:
             backlog = c.backlog
             while backlog and len(c.inflight) < c.prefetch:
                 m = backlog.popleft()
-                self._mem -= _size(m)
+                self._mem -= msg_size(m)
                 d = self._dests.get(m.dst)
                 if d is None or not d.alive:
                     continue
@@ -1364,15 +1113,15 @@ class Broker:
         d.inflight -= 1
         d.dequeued += 1
         if not d.topic:
-            self._release(m.id)
-            d.bytes -= _size(m)
-            self._mem -= _size(m)
+            self._dups.release(m.id)
+            d.bytes -= msg_size(m)
+            self._mem -= msg_size(m)
             if type(m.body) is Paged:
                 self._paged -= len(m.body)
             if m.persistent and d.stored:
                 out.append(DeleteMessage(m.id, d.name, consumed))
             if d.blocked:
-                self._note_room(d)
+                self._blocked.note_room(d)
 
     def _on_ack(self, conn: str, f: Ack, now: float) -> list[Action]:
         c = self._consumer_or_raise(conn, f.sub)
@@ -1398,14 +1147,11 @@ class Broker:
             for m in msgs:
                 forwarded.pop(m.id, None)
                 settle(m, out)
-        elif not c.topic and self.dedup_window > 0:
-            consumed, order = self._consumed, self._consumed_order
+        elif not c.topic and self._dups.window > 0:
+            consume = self._dups.consume
             for m in msgs:
-                consumed.add(m.id)
-                order.append(m.id)
+                consume(m.id)
                 settle(m, out, True)   # DeleteMessage(consumed=True): stored with it
-            while len(order) > self.dedup_window:
-                consumed.discard(order.popleft())
         else:
             for m in msgs:
                 settle(m, out)
@@ -1418,7 +1164,7 @@ class Broker:
         if cs is None:
             return []
         out: list[Action] = []
-        freed: dict[_Consumer, None] = {}
+        freed: dict[Consumer, None] = {}
         for msg_id in f.ids:
             c = cs.forwarded.pop(msg_id, None)
             if c is None:
@@ -1455,7 +1201,7 @@ class Broker:
                     if c.backlog is None:
                         c.backlog = deque()
                     c.backlog.appendleft(replace(m, redelivered=m.redelivered + 1))
-                    self._mem += _size(m)
+                    self._mem += msg_size(m)
             elif exhausted:
                 self._discard(d, m, "max_redeliveries", out, dlq=d.name != self.dlq, now=now)
             else:
@@ -1466,7 +1212,7 @@ class Broker:
         self._finish(now, out)
         return out
 
-    def _consumer_or_raise(self, conn: str, sub_id: str) -> _Consumer:
+    def _consumer_or_raise(self, conn: str, sub_id: str) -> Consumer:
         cs = self._conns.get(conn)
         c = cs.consumers.get(sub_id) if cs is not None else None
         if c is None:
@@ -1476,7 +1222,7 @@ class Broker:
 
     # ------------------------------------------------------------------ pending, expiry, DLQ
 
-    def _rest(self, d: _Dest, m: Message, now: float) -> None:
+    def _rest(self, d: Dest, m: Message, now: float) -> None:
         """``m`` found no consumer that could ever take it here: it may go back along
         its path — at once to demand, after ``replay_delay`` to a fallback (parent)."""
         m.rested = True
@@ -1489,11 +1235,11 @@ class Broker:
                 d.replay_timer = when
                 heapq.heappush(self._replays, (when, next(self._seq), d))
 
-    def _push_pending(self, d: _Dest, m: Message) -> None:
+    def _push_pending(self, d: Dest, m: Message) -> None:
         pending = d.pending
         if not pending:
             self._waiting[d] = None
-            if pending is _NO_PENDING:
+            if pending is NO_PENDING:
                 pending = d.pending = deque()
             pending.append(m)
         elif pending[-1].timestamp <= m.timestamp or self.broker_id not in m.path:
@@ -1511,17 +1257,17 @@ class Broker:
         if m.expires:
             self._track_expiry(d, m)
 
-    def _requeue_front(self, d: _Dest, msgs: list[Message]) -> None:
+    def _requeue_front(self, d: Dest, msgs: list[Message]) -> None:
         if not d.pending:
             self._waiting[d] = None
-            if d.pending is _NO_PENDING:
+            if d.pending is NO_PENDING:
                 d.pending = deque()
         d.pending.extendleft(reversed(msgs))
         for m in msgs:
             if m.expires:
                 self._track_expiry(d, m)
 
-    def _track_expiry(self, d: _Dest, m: Message) -> None:
+    def _track_expiry(self, d: Dest, m: Message) -> None:
         d.expiring += 1
         self._expiring += 1
         if m.expires < d.next_expiry:
@@ -1540,17 +1286,17 @@ class Broker:
         heapq.heapify(heap)
         self._timers = heap
 
-    def _left_pending(self, d: _Dest) -> None:
+    def _left_pending(self, d: Dest) -> None:
         """An expiring message left ``pending`` (not needed for ones without expiry)."""
         d.expiring -= 1
         self._expiring -= 1
         if not d.expiring:
-            d.next_expiry = _INF
+            d.next_expiry = INF
 
-    def _sweep(self, d: _Dest, now: float, out: list) -> None:
+    def _sweep(self, d: Dest, now: float, out: list) -> None:
         keep: deque[Message] = deque()
         expired: list[Message] = []
-        nxt = _INF
+        nxt = INF
         for m in d.pending:
             e = m.expires
             if e and now >= e:
@@ -1568,16 +1314,16 @@ class Broker:
         for m in expired:
             self._expire(d, m, now, out)
 
-    def _expire(self, d: _Dest, m: Message, now: float, out: list) -> None:
+    def _expire(self, d: Dest, m: Message, now: float, out: list) -> None:
         to_dlq = d.policy.on_expiry == "dlq" and d.stored and d.name != self.dlq
         self._discard(d, m, "expired", out, dlq=to_dlq, now=now)
 
-    def _discard(self, d: _Dest, m: Message, reason: str, out: list, *, dlq: bool = False,
+    def _discard(self, d: Dest, m: Message, reason: str, out: list, *, dlq: bool = False,
                  now: float = 0.0) -> None:
         """``m`` (already out of pending / in-flight) leaves queue ``d`` unconsumed."""
-        self._release(m.id)
-        d.bytes -= _size(m)
-        self._mem -= _size(m)
+        self._dups.release(m.id)
+        d.bytes -= msg_size(m)
+        self._mem -= msg_size(m)
         if type(m.body) is Paged:
             self._paged -= len(m.body)
         if m.persistent and d.stored:
@@ -1586,7 +1332,7 @@ class Broker:
         if dlq:
             self._dead_letter(m, reason, now, out)
         if d.blocked:
-            self._note_room(d)
+            self._blocked.note_room(d)
 
     def _dead_letter(self, m: Message, reason: str, now: float, out: list) -> None:
         """A copy of ``m`` goes to the DLQ, headers telling why and where it was headed.
@@ -1598,9 +1344,9 @@ class Broker:
                      0.0, m.reply_to, m.path, m.redelivered)
         dd = self._dests.get(self.dlq) or self._new_dest(self.dlq)
         dd.enqueued += 1
-        dd.bytes += _size(dm)
-        self._mem += _size(dm)
-        self._hold(dm.id)
+        dd.bytes += msg_size(dm)
+        self._mem += msg_size(dm)
+        self._dups.hold(dm.id)
         if dm.persistent and dd.stored:
             out.append(StoreMessage(dm))
         self._dead_lettered += 1
@@ -1636,10 +1382,3 @@ def _ref(frame: Any) -> str | None:
     if ref is None:
         ref = getattr(frame, "msg", None)
     return ref
-
-
-def _info(c: _Consumer) -> ConsumerInfo:
-    return ConsumerInfo(c.conn, c.sub_id, c.pattern, getattr(c.selector, "text", None),
-                        c.prefetch, c.priority, c.peer, c.message_ttl, c.fallback,
-                        c.local_only_ok, len(c.inflight), len(c.backlog) if c.backlog else 0,
-                        c.delivered)
