@@ -120,6 +120,17 @@ class TestEstateScenario:
             run(tmp_path, "procs", estate=tmp_path)
 
 
+    def test_tls_sites_must_listen_on_loopback_for_a_local_run(self, tmp_path):
+        """A TLS estate generated for real hosts cannot run on this machine with its
+        certificates (they name those hosts): refused up front, saying what to change."""
+        data = estate()
+        data["layer"] = [dict(layer, host="{id}.shop.example") for layer in data["layer"]]
+        generate(parse_description(data), tmp_path)
+        with pytest.raises(ConfigError, match='region-1 listens on ssl://region-1.shop.'
+                                              'example:40010.*host = "127.0.0.1"'):
+            run(tmp_path, "procs", estate=tmp_path)
+
+
 class TestProcsOnGeneratedEstate:
     def test_tls_estate_runs_the_workload_like_the_memory_engine(self, tmp_path):
         """Seven `treefed broker` processes from the generated configs: every link is mutual
