@@ -471,7 +471,10 @@ def forecast(est: EstateConfigs, workload: Workload | None = None, *,
     if secured(est.configs):
         security = {"links_refused": [], "logins": Counter()}
         current = _run(_mesh_estate(est, security), workload, tier, security)
-        open_run = _run(_mesh_estate(est), workload, tier)
+        if security["links_refused"] or current["denied"]:
+            open_run = _run(_mesh_estate(est), workload, tier)
+        else:   # nothing refused: the open estate routes exactly the same
+            open_run = current
         security = _security_report(security, current, open_run)
     else:
         current = _run(_mesh_estate(est), workload, tier)
