@@ -21,7 +21,9 @@ POLICY = """<destinationPolicy>
                    prioritizedMessages="true"/>
       <policyEntry topic="Prices.>" topicPrefetch="32766" advisoryForSlowConsumers="true">
         <dispatchPolicy><strictOrderDispatchPolicy/></dispatchPolicy>
-        <subscriptionRecoveryPolicy><lastImageSubscriptionRecoveryPolicy/></subscriptionRecoveryPolicy>
+        <subscriptionRecoveryPolicy>
+          <lastImageSubscriptionRecoveryPolicy/>
+        </subscriptionRecoveryPolicy>
       </policyEntry>
       <policyEntry queue=">" producerFlowControl="true" memoryLimit="64mb" queuePrefetch="500"
                    maxPageSize="1000" gcInactiveDestinations="true"
