@@ -45,7 +45,7 @@ _DELEGATED_HELP = {
     "scenario": "run store-scale scenarios (tree and TTL modes)",
     "report": "Spark job over run logs: tables, plots, HTML",
     "compare": "run scenarios and report them: the main job",
-    "estate": "estate generate ESTATE.toml --out DIR: configs per site; estate start DIR",
+    "estate": "estate generate ESTATE.toml --out DIR: configs per site; estate start / run DIR",
     "import": "import activemq FILE.xml... --out DIR: ActiveMQ configs -> treefed",
     "forecast": "an estate as configured and as a tree: demand, spillage, stranding",
     "model": "compute an estate's spillage on Spark, without emulating it",

@@ -19,8 +19,14 @@ namespace (``http://activemq.apache.org/schema/core``, or no namespace) becomes 
   importable (discovery has no fixed topology to import);
 * the ``dynamicallyIncludedDestinations`` / ``excludedDestinations`` /
   ``staticallyIncludedDestinations`` children -> the three destination lists;
-* ``<destinationPolicy>`` ``policyEntry`` ``queue``/``topic`` + ``memoryLimit`` ->
-  ``[[policy]] pattern`` + ``max_bytes`` (producer flow control blocks, as ``block`` does).
+* ``<destinationPolicy>``: each ``policyEntry`` ``queue``/``topic`` pattern (wildcards
+  ``*`` ``>`` as in treefed; the ``defaultEntry`` as ``queue://>`` + ``topic://>``, last)
+  -> ``[[policy]]`` with ``memoryLimit`` -> ``max_bytes`` (producer flow control blocks,
+  as ``block`` does; not with ``producerFlowControl="false"``, where ActiveMQ only pages)
+  and a dead-letter strategy's ``processExpired="false"`` -> ``on_expiry = "discard"``;
+  ``gcInactiveDestinations`` / ``inactiveTimoutBeforeGC`` on ``>`` ->
+  ``broker.idle_destination_seconds``.  Prefetch, paging, advisory, dispatch and cursor
+  settings are listed with the reason treefed has no per-destination equivalent.
 
 Every attribute or element not mapped is an ``Unmapped(file, line, broker, what, value,
 reason)``: nothing is silently dropped.  The written configs are validated by
@@ -80,11 +86,13 @@ class ImportedBroker:
     connectors: list[dict[str, Any]] = field(default_factory=list)  # [[network_connector]]
     dials: list[Dial] = field(default_factory=list)
     policies: list[dict[str, Any]] = field(default_factory=list)
+    broker_options: dict[str, Any] = field(default_factory=dict)   # more [broker] keys
 
     def config_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"broker": {"id": self.id, "listen": list(self.listen),
                                            "data_dir": f"data/{self.id}",
-                                           "accept_tree_children": False}}
+                                           "accept_tree_children": False,
+                                           **self.broker_options}}
         if self.policies:
             data["policy"] = list(self.policies)
         if self.connectors:
@@ -492,11 +500,70 @@ def _destination_problem(name: str, wildcards: bool) -> str | None:
     return None
 
 
+#: policyEntry attributes treefed has no per-destination equivalent for, with the reason
+_POLICY_REASONS: dict[str, str] = {
+    **dict.fromkeys(("queuePrefetch", "topicPrefetch", "durableTopicPrefetch",
+                     "queueBrowserPrefetch"),
+                    "treefed consumers choose their prefetch when they subscribe (default "
+                    "1000; bridges use the network connector's prefetch): there is no "
+                    "per-destination default to set"),
+    **dict.fromkeys(("maxPageSize", "maxBrowsePageSize", "maxExpirePageSize", "useCache",
+                     "lazyDispatch", "cursorMemoryHighWaterMark",
+                     "storeUsageHighWaterMark", "expireMessagesPeriod"),
+                    "store paging: treefed holds a destination's pending messages in memory "
+                    "(bounded by max_bytes / broker.max_memory_bytes) and checks expiry at "
+                    "dispatch; there are no pages to size or scan"),
+    **dict.fromkeys(("advisoryForConsumed", "advisoryForDelivery", "advisoryForDiscardingMessages",
+                     "advisoryForFastProducers", "advisoryForSlowConsumers",
+                     "advisoryWhenFull", "sendAdvisoryIfNoConsumers"),
+                    "ActiveMQ advisory topics: treefed logs events (message.*, consumer.*) "
+                    "instead of publishing advisory messages"),
+    "prioritizedMessages": "treefed dispatches in arrival order (consumer priority only)",
+    "optimizedDispatch": "dispatch threading: no treefed equivalent (one event loop)",
+}
+_POLICY_CHILD_REASONS: dict[str, str] = {
+    **dict.fromkeys(("pendingMessageLimitStrategy", "messageEvictionStrategy"),
+                    "treefed bounds a slow topic subscriber's backlog at prefetch x 10 "
+                    "messages, oldest dropped first; not configurable per destination"),
+    "dispatchPolicy": "treefed dispatches queue messages by consumer credit and priority "
+                      "(round robin among equals); no other policy to choose",
+    "subscriptionRecoveryPolicy": "treefed topics keep no retained / last-image messages "
+                                  "for new subscribers",
+    **dict.fromkeys(("pendingQueuePolicy", "pendingSubscriberPolicy",
+                     "pendingDurableSubscriberPolicy"),
+                    "message cursors: treefed has one (memory + store), nothing to choose"),
+}
+#: ActiveMQ's default inactiveTimoutBeforeGC (ms); its spelling, and the corrected one
+_GC_DEFAULT_MS = 60_000
+_GC_TIMEOUT = ("inactiveTimoutBeforeGC", "inactiveTimeoutBeforeGC")
+
+
+def _policy_entries(elem: Element) -> list[tuple[Element, bool]]:
+    """(policyEntry, is the policyMap's defaultEntry) in document order."""
+    out = []
+    for e in elem.iter():
+        if _is_amq(e, "defaultEntry"):
+            out += [(pe, True) for pe in _children(e, "policyEntry")]
+        elif _is_amq(e, "policyEntries"):
+            out += [(pe, False) for pe in _children(e, "policyEntry")]
+    return out
+
+
 def _policies(elem: Element, b: ImportedBroker, ctx: _Ctx) -> None:
-    entries = [e for e in elem.iter() if _is_amq(e, "policyEntry")]
-    for pe in entries:
-        dests = [f"{k}://{pe.get(k)}" for k in ("queue", "topic") if pe.get(k)]
-        tag = f"policyEntry[{','.join(dests) or '?'}]"
+    """``<destinationPolicy>``: what treefed can honour per destination pattern --
+    ``memoryLimit`` (``max_bytes``, blocking like producer flow control),
+    ``deadLetterStrategy processExpired="false"`` (``on_expiry = "discard"``) -- and per
+    broker from an entry on every queue or topic (``>``): ``gcInactiveDestinations`` /
+    ``inactiveTimoutBeforeGC`` -> ``broker.idle_destination_seconds``.  The
+    ``defaultEntry`` applies to ``queue://>`` and ``topic://>`` after every other entry
+    (treefed's first match wins).  Everything else is listed with its reason."""
+    entries = _policy_entries(elem)
+    entries.sort(key=lambda pair: pair[1])   # the default entry last (stable otherwise)
+    for pe, default in entries:
+        dests = ["queue://>", "topic://>"] if default else \
+            [f"{k}://{pe.get(k)}" for k in ("queue", "topic") if pe.get(k)]
+        tag = "defaultEntry/policyEntry" if default else \
+            f"policyEntry[{','.join(dests) or '?'}]"
         bad = [d for d in dests if _destination_problem(d, True)]
         for d in bad:
             ctx.skip(pe, tag, d, f"not a valid destination pattern: "
@@ -507,26 +574,106 @@ def _policies(elem: Element, b: ImportedBroker, ctx: _Ctx) -> None:
                      else "policy entry for temp destinations or no destination: "
                           "not imported")
             continue
-        limit = None
+        everything = all(d.endswith("://>") for d in dests)
+        flow_control = pe.get("producerFlowControl", "true").strip().lower() != "false"
+        values: dict[str, Any] = {}
+        gc = None
         for attr, value in sorted(pe.attrib.items()):
+            where = f"{tag}/@{attr}"
             if attr in ("queue", "topic"):
                 continue
             if attr == "memoryLimit" and _size(value) is not None:
-                limit = _size(value)
-            elif attr == "producerFlowControl" and value.strip().lower() == "true":
-                ctx.skip(pe, f"{tag}/@{attr}", value, "the default: treefed blocks the "
-                                                      "producer at a limit (block)")
+                if flow_control:
+                    values["max_bytes"] = _size(value)
+                else:
+                    ctx.skip(pe, where, value, "with producerFlowControl=\"false\" ActiveMQ "
+                             "only pages past memoryLimit and never blocks; treefed does "
+                             "not page, so the destination is left uncapped (the broker's "
+                             "max_memory_bytes still applies)")
+            elif attr == "producerFlowControl":
+                ctx.skip(pe, where, value, "the default: treefed blocks the producer at a "
+                                           "limit (block)" if flow_control else
+                         "treefed does not spool past a limit to disk: no max_bytes is set "
+                         "for these destinations (broker.max_memory_bytes still refuses "
+                         "sends when the broker's memory is full)")
+            elif attr == "gcInactiveDestinations":
+                gc = value.strip().lower() == "true"
+            elif attr in _GC_TIMEOUT:
+                if pe.get("gcInactiveDestinations", "").strip().lower() != "true":
+                    ctx.skip(pe, where, value, "only used with gcInactiveDestinations=\"true\"")
             else:
-                ctx.skip(pe, f"{tag}/@{attr}", value, "no treefed equivalent")
+                ctx.skip(pe, where, value, _POLICY_REASONS.get(attr, "no treefed equivalent"))
+        if gc is not None:
+            _gc_policy(pe, tag, gc, everything, b, ctx)
         for child in _children(pe):
-            ctx.skip(child, f"{tag}/{_local(child.tag)[1]}", "", "no treefed equivalent")
-        if limit is not None:
+            local = _local(child.tag)[1]
+            if local == "deadLetterStrategy":
+                values.update(_dead_letter(child, tag, ctx))
+            else:
+                ctx.skip(child, f"{tag}/{local}", "",
+                         _POLICY_CHILD_REASONS.get(local, "no treefed equivalent"))
+        if values:
             for dst in dests:
-                b.policies.append({"pattern": dst, "max_bytes": limit})
-            if pe.get("producerFlowControl", "true").strip().lower() == "false":
-                ctx.skip(pe, f"{tag}/@producerFlowControl", "false",
-                         "ActiveMQ spools to disk past memoryLimit; treefed's max_bytes "
-                         "blocks the producer instead")
+                b.policies.append({"pattern": dst, **values})
+
+
+def _gc_policy(pe: Element, tag: str, gc: bool, everything: bool, b: ImportedBroker,
+               ctx: _Ctx) -> None:
+    """gcInactiveDestinations on every queue/topic -> broker.idle_destination_seconds."""
+    raw = next((pe.get(a) for a in _GC_TIMEOUT if pe.get(a) is not None), None)
+    where = f"{tag}/@gcInactiveDestinations"
+    if not everything:
+        ctx.skip(pe, where, str(gc).lower(), "treefed forgets idle destinations broker-wide "
+                 "(broker.idle_destination_seconds), not per pattern: only an entry for "
+                 "every queue or topic (>) maps")
+        return
+    if gc:
+        ms = _GC_DEFAULT_MS if raw is None else (int(raw) if raw.strip().isdigit() else None)
+        if ms is None:
+            ctx.skip(pe, f"{tag}/@inactiveTimoutBeforeGC", raw, "not a number of milliseconds")
+            return
+        seconds = ms / 1000
+    else:
+        seconds = 0.0   # ActiveMQ keeps them: treefed's 0 = never forget
+    have = b.broker_options.get("idle_destination_seconds")
+    if have is not None and have != seconds:
+        ctx.skip(pe, where, str(gc).lower(), f"conflicts with an earlier entry's "
+                 f"{have:g} s: treefed has one idle_destination_seconds per broker")
+        return
+    b.broker_options["idle_destination_seconds"] = seconds
+
+
+def _dead_letter(elem: Element, tag: str, ctx: _Ctx) -> dict[str, Any]:
+    """``<deadLetterStrategy><…DeadLetterStrategy processExpired=…/>``: expired messages
+    discarded or dead-lettered maps (``on_expiry``); the DLQ's naming does not (treefed
+    has one DLQ per broker, ``broker.dlq``)."""
+    out: dict[str, Any] = {}
+    for strategy in _children(elem):
+        kind = _local(strategy.tag)[1]
+        where = f"{tag}/deadLetterStrategy/{kind}"
+        if kind == "discardingDeadLetterStrategy":
+            out["on_expiry"] = "discard"
+            ctx.skip(strategy, where, "", "expired messages are discarded (on_expiry = "
+                     "\"discard\"); messages past max_redeliveries still go to treefed's "
+                     "broker.dlq, which ActiveMQ would discard")
+            continue
+        if kind not in ("individualDeadLetterStrategy", "sharedDeadLetterStrategy"):
+            ctx.skip(strategy, where, "", "no treefed equivalent")
+            continue
+        if kind == "individualDeadLetterStrategy":
+            ctx.skip(strategy, where, "", "one DLQ per destination: treefed has one per "
+                                          "broker (broker.dlq)")
+        for attr, value in sorted(strategy.attrib.items()):
+            if attr == "processExpired":
+                out["on_expiry"] = "discard" if value.strip().lower() == "false" else "dlq"
+            else:
+                ctx.skip(strategy, f"{where}/@{attr}", value, "DLQ naming and filtering: "
+                                                              "treefed has one DLQ per broker "
+                                                              "(broker.dlq)")
+        for child in _children(strategy):
+            ctx.skip(child, f"{where}/{_local(child.tag)[1]}", "",
+                     "DLQ naming: treefed has one DLQ per broker (broker.dlq)")
+    return out
 
 
 # --------------------------------------------------------------------------- files

@@ -1,4 +1,4 @@
-"""``treefed estate generate|start``, ``treefed import activemq`` and ``treefed forecast``.
+"""``treefed estate generate|start|run``, ``treefed import activemq`` and ``treefed forecast``.
 
 Each ``*_main(argv)`` is a delegated subcommand of ``treefed.cli``: exit status 0 on
 success, 1 when the work could not be done (a graph that is not a tree for
@@ -115,9 +115,23 @@ def estate_main(argv: Sequence[str]) -> int:
     s.add_argument("sites", nargs="*", help="only these sites (default: all)")
     s.add_argument("--timeout", type=float, default=60.0,
                    help="seconds to wait for every link to come up")
+    r = sub.add_parser("run", help="run a scenario's workload and timeline on a generated "
+                                   "estate (procs engine: its own configs, one process "
+                                   "per site)")
+    r.add_argument("folder", help="folder of broker configs (estate generate --out)")
+    r.add_argument("scenario", help="scenario TOML (its workload, seed and timeline; "
+                                    "the topology and mode are the estate's)")
+    r.add_argument("--engine", default="procs", choices=("procs", "memory", "tcp", "replay"),
+                   help="procs: the estate's configs as they are (TLS, users); the others "
+                        "run the same plan from configs they write (default: procs)")
+    r.add_argument("--out", default="runs", help="folder for the run directory")
+    r.add_argument("--link-timeout", type=float, default=30.0,
+                   help="seconds for every link to come up before the plan starts")
     args = p.parse_args(list(argv))
     if args.action == "start":
         return _start(args)
+    if args.action == "run":
+        return _run(args)
     from treefed.estate.generate import generate, load_description
 
     started = time.perf_counter()
@@ -129,6 +143,29 @@ def estate_main(argv: Sequence[str]) -> int:
     print(f"treefed estate generate: {report['sites']} sites, {report['files']} files "
           f"({report['new_keys']} new keys) in {args.out}; "
           f"{time.perf_counter() - started:.2f} s", file=sys.stderr)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    """``treefed estate run DIR SCENARIO.toml``: one run directory, a summary line."""
+    from treefed.estate.scenario import estate_scenario
+    from treefed.scenario.runner import run_scenario
+    from treefed.scenario.spec import load_scenario
+
+    try:
+        scenario = estate_scenario(load_scenario(args.scenario), args.folder)
+        options = ({"estate": args.folder, "link_timeout": args.link_timeout}
+                   if args.engine == "procs" else {})
+        (result,) = run_scenario(scenario, engine=args.engine, out=args.out, **options)
+    except TreefedError as exc:
+        return _err("treefed estate run", exc)
+    except RuntimeError as exc:   # the estate did not link, a broker exited
+        print(f"treefed estate run: {exc}", file=sys.stderr)
+        return 1
+    s = result.summary
+    print(f"treefed estate run: {s['brokers']} brokers ({s['mode']}, {args.engine}): "
+          f"{s['delivered']} of {s['expected']} delivered, {s['stranded']} stranded, "
+          f"{s['duplicates']} duplicates -> {result.path}", file=sys.stderr)
     return 0
 
 

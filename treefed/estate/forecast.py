@@ -26,6 +26,15 @@ demand (at a broker not interested in the destination: no local consumer or prod
 it neither forwarded nor delivered a message of it), deliveries per consumer, and every
 *stranded* route -- (producer broker, destination) with messages left undelivered -- with
 one example path: the brokers the message crossed and where it waits.
+
+Security: when any config authenticates links or confines tree children, the ``current``
+run applies it as ``treefed broker`` would (``estate.security``): a link whose login the
+acceptor refuses is not linked, and the real ``security.Guard`` screens each accepted
+link's advisories (read + tree scope) and forwarded messages (write + scope).  The run
+is repeated without security, and ``security`` in the result lists the refused logins,
+the denied (link, permission, destination) and the **routes the security config
+refuses** -- delivered without it, stranded with it.  The proposed tree is forecast
+without security (it is a proposal: ``--emit-tree`` writes no permissions).
 """
 
 from __future__ import annotations
@@ -236,8 +245,16 @@ def load_workload(path: str | Path, brokers: Iterable[str]) -> Workload:
 # --------------------------------------------------------------------------- running
 
 
-def _mesh_estate(est: EstateConfigs) -> Estate:
-    e = Estate(log_advisories=True, log_messages=True)
+def _mesh_estate(est: EstateConfigs, security: dict | None = None) -> Estate:
+    """The estate as configured; with ``security`` (a dict to fill) its ``[security]``
+    too: links whose login the acceptor refuses are left out, accepted ones screened
+    (estate/security.py)."""
+    if security is not None:
+        from treefed.estate.security import GuardedEstate
+
+        e: Estate = GuardedEstate(log_advisories=True, log_messages=True)
+    else:
+        e = Estate(log_advisories=True, log_messages=True)
     tree_types = {c.broker.id: c.tree_connector.node_type
                   for c in est.configs.values() if c.tree_connector is not None}
     for bid, c in sorted(est.configs.items()):
@@ -250,11 +267,31 @@ def _mesh_estate(est: EstateConfigs) -> Estate:
               max_redeliveries=c.broker.max_redeliveries)
     connectors = {(bid, nc.name): nc for bid, c in est.configs.items()
                   for nc in c.network_connectors}
+    authenticators: dict = {}
     for link in _parents_first(est):
         if link.kind == "tree":
-            settings = est.configs[link.dialer].tree_connector.link_settings()
+            connector = est.configs[link.dialer].tree_connector
         else:
-            settings = connectors[(link.dialer, link.connector)].link_settings()
+            connector = connectors[(link.dialer, link.connector)]
+        settings = connector.link_settings()
+        if security is not None:
+            from treefed.estate.security import login
+
+            acceptor = est.configs[link.acceptor]
+            who = login(est.configs[link.dialer], acceptor, connector, link.kind,
+                        authenticators)
+            if not who.ok:
+                security["links_refused"].append({
+                    "dialer": link.dialer, "acceptor": link.acceptor,
+                    "connector": link.connector, "method": who.method,
+                    "user": who.user, "reason": who.reason})
+                continue
+            security["logins"][who.method] += 1
+            e.link(link.dialer, link.acceptor, settings)
+            e.guard(link.acceptor, link.dialer, settings.name, acceptor, who.user,
+                    tree_child=link.kind == "tree",
+                    leaf=link.kind == "tree" and connector.node_type == "leaf")
+            continue
         e.link(link.dialer, link.acceptor, settings)
     e.run_until_quiet()
     return e
@@ -290,7 +327,22 @@ def _tree_estate(est: EstateConfigs, tree: Tree) -> Estate:
     return e
 
 
-def _run(e: Estate, workload: Workload, tier: dict[str, tuple[str, int]]) -> dict[str, Any]:
+def _security_report(security: dict[str, Any], secured_run: dict[str, Any],
+                     open_run: dict[str, Any]) -> dict[str, Any]:
+    """What the configs' [security] changes: refused logins, denied frames, and the
+    routes delivered without it that it strands (the secured run is "current")."""
+    before = {(r["from"], r["dst"]) for r in open_run["stranded_routes"]}
+    refused = [r for r in secured_run["stranded_routes"] if (r["from"], r["dst"]) not in before]
+    return {"applied": True, "logins": dict(security["logins"]),
+            "links_refused": security["links_refused"],
+            "denied": secured_run.pop("denied"),
+            "routes_refused": refused,
+            "without_security": {"messages": open_run["messages"],
+                                 "totals": open_run["totals"]}}
+
+
+def _run(e: Estate, workload: Workload, tier: dict[str, tuple[str, int]],
+         security: dict | None = None) -> dict[str, Any]:
     """Subscribe, settle, send, settle; then the figures (see the module docstring)."""
     conns: dict[tuple[str, str], str] = {}
     for i, c in enumerate(workload.consumers):
@@ -370,6 +422,12 @@ def _run(e: Estate, workload: Workload, tier: dict[str, tuple[str, int]]) -> dic
                    and ">" not in c.dst}
     for route in stranded.values():
         route["consumer_at"] = consumer_at.get(route["dst"])
+    denied: Counter = Counter()
+    if security is not None:
+        for broker, log in e.logs:
+            if log.event == "security.denied":
+                denied[(broker, log.fields.get("conn", ""), log.fields["permission"],
+                        log.fields["dst"], log.fields.get("reason", ""))] += 1
     e.logs.clear()
     e.advisories.clear()
     e.forwards.clear()
@@ -389,6 +447,10 @@ def _run(e: Estate, workload: Workload, tier: dict[str, tuple[str, int]]) -> dic
         "deliveries": deliveries,
         "held": held,
         "stranded_routes": sorted(stranded.values(), key=lambda r: (r["from"], r["dst"])),
+        **({"denied": [{"broker": b, "link": c.rsplit(":", 1)[-1], "permission": p,
+                        "dst": d, "reason": why}
+                       for (b, c, p, d, why) in sorted(denied)]}
+           if security is not None else {}),
     }
 
 
@@ -403,9 +465,22 @@ def forecast(est: EstateConfigs, workload: Workload | None = None, *,
     tier = tiers(est.configs, est.links, tree, root)
     if workload is None:
         workload = default_workload(tier)
-    current = _run(_mesh_estate(est), workload, tier)
+    from treefed.estate.security import secured
+
+    security: dict[str, Any] | None = None
+    if secured(est.configs):
+        security = {"links_refused": [], "logins": Counter()}
+        current = _run(_mesh_estate(est, security), workload, tier, security)
+        if security["links_refused"] or current["denied"]:
+            open_run = _run(_mesh_estate(est), workload, tier)
+        else:   # nothing refused: the open estate routes exactly the same
+            open_run = current
+        security = _security_report(security, current, open_run)
+    else:
+        current = _run(_mesh_estate(est), workload, tier)
     proposed = _run(_tree_estate(est, tree), workload, tier) if tree is not None else None
     return {
+        "security": security,
         "estate": {"brokers": len(est.configs), "links": len(est.links),
                    "mode": est.mode,
                    "unresolved": [{"broker": u.dial.broker, "connector": u.dial.connector,
@@ -496,7 +571,38 @@ def _markdown(r: dict[str, Any]) -> str:
     top = sorted(cur["per_broker"].items(), key=lambda kv: (-kv[1]["demand"], kv[0]))[:20]
     lines += [f"| {b} | {v['role']} | {v['demand']} | {v['spilled']} | {v['wasted']} |"
               for b, v in top]
+    lines += _security_markdown(r.get("security"))
     return "\n".join(lines) + "\n"
+
+
+def _security_markdown(sec: dict[str, Any] | None) -> list[str]:
+    if sec is None:
+        return ["", "## Security", "", "No config authenticates links or confines tree "
+                "children: every link is up and carries everything (the current run)."]
+    lines = ["", "## Security (applied to the current run)", "",
+             "Logins: " + (", ".join(f"{n} by {m}" for m, n in sorted(sec["logins"].items()))
+                           or "none") + f"; refused: {len(sec['links_refused'])}.", ""]
+    if sec["links_refused"]:
+        lines += ["| link refused | connector | user | reason |", "|---|---|---|---|"]
+        lines += [f"| {x['dialer']} -> {x['acceptor']} | {x['connector']} | "
+                  f"{x['user'] or '-'} | {x['reason']} |" for x in sec["links_refused"][:50]]
+        lines.append("")
+    if sec["denied"]:
+        lines += ["| at broker | from link | denied | destination | reason |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {x['broker']} | {x['link']} | {x['permission']} | {x['dst']} | "
+                  f"{x['reason']} |" for x in sec["denied"][:50]]
+        lines.append("")
+    w = sec["without_security"]["messages"]
+    lines.append(f"Routes the security config refuses (delivered without it, stranded with "
+                 f"it): {len(sec['routes_refused'])}; without security "
+                 f"{w['delivered']} / {w['sent']} messages would be delivered.")
+    if sec["routes_refused"]:
+        lines += ["", "| from | destination | consumer at | messages | waits at |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {x['from']} | {x['dst']} | {x['consumer_at'] or '-'} | {x['messages']} "
+                  f"| {x['example']['waits_at'] or '-'} |" for x in sec["routes_refused"][:50]]
+    return lines
 
 
 def emit_tree(est: EstateConfigs, tree: Tree, out: str | Path) -> tuple[list[Path], list[str]]:

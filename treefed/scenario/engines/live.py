@@ -89,8 +89,10 @@ def site_config(mode: Mode, spec: BrokerSpec, *, parent_uri: str | None,
 class App:
     """One site's applications over one raw client connection (plan ids kept as is)."""
 
-    def __init__(self, broker_id: str) -> None:
+    def __init__(self, broker_id: str, *, username: str | None = None,
+                 password: str | None = None) -> None:
         self.broker_id = broker_id
+        self.username, self.password = username, password   # a generated estate's user
         self.errors = 0
         self._out: list = []
         self._wake = trio.Event()
@@ -113,8 +115,18 @@ class App:
                   task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Hello, then read (acking deliveries) and write until the stream ends."""
         framed = FramedStream(stream)
-        await framed.send_frame(Hello(PROTOCOL_VERSION, "client", name=f"{self.broker_id}-app"))
-        first = await framed.receive_frames()
+        await framed.send_frame(Hello(PROTOCOL_VERSION, "client", name=f"{self.broker_id}-app",
+                                      username=self.username, password=self.password))
+        try:
+            first = await framed.receive_frames()
+        except _GONE as exc:   # e.g. TLS 1.3: a refused client certificate shows up here
+            why = getattr(exc.__cause__, "reason", None) or "connection closed"
+            raise RemoteError(f"{self.broker_id}: the broker closed the workload client's "
+                              f"connection before its hello: {why}") from exc
+        if type(first[0]) is Error:
+            raise RemoteError(f"{self.broker_id}: the broker refused the workload client"
+                              f"{' ' + self.username if self.username else ''}: "
+                              f"{first[0].code} {first[0].message}", code=first[0].code)
         if type(first[0]) is not Hello:
             raise RemoteError(f"{self.broker_id}: expected hello, got {first[0]!r}")
         task_status.started()

@@ -24,6 +24,15 @@ taken at its time or once the previous one has settled, whichever is later.  Whe
 brokers' logs are merged in time order and fed to the Recorder (kill notices interleaved
 at their times), so the summary is computed exactly as for the other engines.  Meant for
 estates of a few dozen sites: ``MAX_BROKERS``.
+
+``estate=DIR`` runs the plan on a generated estate (``treefed estate generate``; the plan
+from ``estate.scenario.estate_scenario``): each site starts from its own config in DIR
+(``estate.sites.EstateSites`` moves only its listener, uplink -- to the proxy -- data and
+log), so links are TLS with the estate's certificates end to end through the proxy, and
+the workload clients log in over TLS as the estate's application users.  Before the plan
+starts every link must be up within ``link_timeout`` seconds, else the run stops with what
+the brokers logged (a refused certificate, a failed login).  ``workdir`` keeps the sites'
+configs, data and logs there instead of a temporary folder.
 """
 
 from __future__ import annotations
@@ -149,13 +158,45 @@ async def _pump(src: trio.abc.Stream, dst: trio.abc.Stream, scope: trio.CancelSc
     scope.cancel()   # either direction ending ends the connection, like a socket reset
 
 
+def _stop_now(procs: list) -> None:
+    """After a failed run: SIGTERM (a broker's graceful stop, its log complete), SIGKILL
+    for any still running 5 s later."""
+    running = [p for p in procs if p.returncode is None]
+    for p in running:
+        p.terminate()
+    deadline = time.monotonic() + 5.0
+    while any(p.poll() is None for p in running) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for p in running:
+        if p.poll() is None:
+            p.kill()
+
+
+def _one_error(main: Callable) -> Any:
+    """``trio.run(main)``; a failure of one task is raised as itself, not in the
+    nurseries' exception groups (the caller reads which broker failed, and why)."""
+    try:
+        return trio.run(main)
+    except BaseExceptionGroup as group:
+        leaves = []
+        todo = [group]
+        while todo:
+            for e in todo.pop().exceptions:
+                (todo if isinstance(e, BaseExceptionGroup) else leaves).append(e)
+        if len(leaves) == 1 and isinstance(leaves[0], Exception):
+            raise leaves[0] from group
+        raise
+
+
 class ProcsEngine:
     """One broker process per site (see the module docstring)."""
 
     name = "procs"
 
     def __init__(self, plan: Plan, mode: Mode, recorder: Recorder, *,
-                 progress: Callable[[dict], None] | None = None) -> None:
+                 progress: Callable[[dict], None] | None = None,
+                 estate: str | Path | None = None, link_timeout: float = 30.0,
+                 workdir: str | Path | None = None) -> None:
         if len(plan.final_topology) > MAX_BROKERS:
             raise ValueError(f"the procs engine runs at most {MAX_BROKERS} brokers; "
                              f"{plan.scenario.name} has {len(plan.final_topology)}: use the "
@@ -173,11 +214,23 @@ class ProcsEngine:
         self._body = b"x" * plan.scenario.workload.body_bytes
         self._root_dir: Path | None = None
         self._nursery: trio.Nursery | None = None
+        # a generated estate's own configs (TLS, users) instead of site_config's
+        self.estate = None
+        self.link_timeout = link_timeout
+        self.workdir = workdir   # keep the sites' configs, data and logs there
+        if estate is not None:
+            from treefed.estate.sites import EstateSites
+
+            self.estate = EstateSites(estate, plan)
 
     def run(self) -> dict[str, Any]:
+        if self.workdir is not None:
+            self._root_dir = Path(self.workdir)
+            self._root_dir.mkdir(parents=True, exist_ok=True)
+            return _one_error(self._main)
         self._root_dir = Path(tempfile.mkdtemp(prefix="treefed-procs-"))
         try:
-            return trio.run(self._main)
+            return _one_error(self._main)
         finally:
             shutil.rmtree(self._root_dir, ignore_errors=True)
 
@@ -198,6 +251,8 @@ class ProcsEngine:
                     for spec in self.topology.brokers:
                         starting.start_soon(lambda s: self._add(s, info=True),
                                             self.sites[spec.id])
+                if self.estate is not None:
+                    await self._linked()
                 await self._quiet()
                 t0 = trio.current_time()
                 for step in self.plan.steps:
@@ -212,9 +267,7 @@ class ProcsEngine:
                 await self._stop_all()
                 nursery.cancel_scope.cancel()
         finally:
-            for site in self.sites.values():
-                if site.proc is not None and site.proc.returncode is None:
-                    site.proc.kill()
+            _stop_now([s.proc for s in self.sites.values() if s.proc is not None])
         return self._replay_logs(end)
 
     async def _add(self, site: _Site, *, info: bool) -> None:
@@ -225,10 +278,15 @@ class ProcsEngine:
             site.proxy = _Proxy(self, spec.id)
             await self._nursery.start(site.proxy.serve)
         parent_uri = f"tcp://127.0.0.1:{site.proxy.port}" if site.proxy else None
-        config = site_config(self.mode, spec, parent_uri=parent_uri,
-                             listen=(f"tcp://127.0.0.1:{site.port}",),
-                             data_dir=str(site.dir / "data"), log_file=str(site.log),
-                             level="info")
+        if self.estate is not None:
+            config = self.estate.config(spec.id, port=site.port,
+                                        uplink_port=site.proxy.port if site.proxy else None,
+                                        data_dir=str(site.dir / "data"), log_file=str(site.log))
+        else:
+            config = site_config(self.mode, spec, parent_uri=parent_uri,
+                                 listen=(f"tcp://127.0.0.1:{site.port}",),
+                                 data_dir=str(site.dir / "data"), log_file=str(site.log),
+                                 level="info")
         site.config.write_text(dump_config(config), encoding="utf-8")
         if info:
             self.infos.append((self.now(), spec.id, broker_info(self.mode, spec)))
@@ -240,6 +298,9 @@ class ProcsEngine:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=open(site.dir / "stderr.txt", "ab"),
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        if self.estate is not None:
+            await self._spawn_estate_app(site)
+            return
         with trio.fail_after(START_TIMEOUT):
             while True:
                 if site.proc.returncode is not None:
@@ -257,6 +318,37 @@ class ProcsEngine:
         await self._nursery.start(self._run_app, site, stream)
         for c in self.consumers.get(site.spec.id, {}).values():
             site.app.subscribe(c)
+
+    async def _spawn_estate_app(self, site: _Site) -> None:
+        """Wait until the estate site listens; its workload client logs in as the
+        estate's application user, over TLS when it listens on ssl://."""
+        sid = site.spec.id
+        try:
+            stream = await self.estate.connect(
+                sid, site.port, lambda: site.proc.returncode is None, START_TIMEOUT)
+        except RuntimeError:
+            raise RuntimeError(f"broker {sid} exited with {site.proc.returncode}: "
+                               + (site.dir / "stderr.txt").read_text()[-2000:]) from None
+        site.alive = True
+        site.up.set()
+        if stream is None:
+            return   # the plan never uses this site
+        client = self.estate.clients[sid]
+        site.app = App(sid, username=client.username, password=client.password)
+        await self._nursery.start(self._run_app, site, stream)
+        for c in self.consumers.get(sid, {}).values():
+            site.app.subscribe(c)
+
+    async def _linked(self) -> None:
+        """Every child -> parent link of the estate up, or stop with what the logs say."""
+        parents = {s.spec.id: s.spec.parent for s in self.sites.values()}
+        logs = {sid: s.log for sid, s in self.sites.items()}
+        deadline = trio.current_time() + self.link_timeout
+        while missing := self.estate.missing_links(parents, logs):
+            if trio.current_time() > deadline:
+                raise RuntimeError(f"the estate did not link within {self.link_timeout} s:\n"
+                                   + self.estate.why(missing, logs))
+            await trio.sleep(0.1)
 
     async def _run_app(self, site: _Site, stream: trio.abc.Stream, *,
                        task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
