@@ -473,7 +473,8 @@ def _owned_pattern(value: Any, key: str) -> str:
 
 def _list_of(item: Checker) -> Checker:
     def check(value: Any, key: str) -> tuple:
-        if not isinstance(value, list):
+        # a tuple: options already checked once (a scenario mode's, handed to a config)
+        if not isinstance(value, (list, tuple)):
             raise ConfigError(key, f"must be a list, got {_show(value)}")
         return tuple(item(v, f"{key}[{i}]") for i, v in enumerate(value))
 
