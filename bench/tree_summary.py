@@ -35,6 +35,8 @@ from treefed.scenario.workload import build_plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OWNED = ["queue://Store.{broker}.>"]
+#: --orphans: HQ sends to at most this many stores' Returns queues (spread evenly)
+ORPHANS_FROM_HQ = 100
 
 
 class Sink:
@@ -106,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="stores consume nothing: every store-queue message has no consumer "
                         "(shows where such messages wait and the hops it costs)")
     p.add_argument("--orphans", action="store_true",
-                   help="also send, after the workload, one message from HQ to each store's "
-                        "queue://Store.<store>.Returns and one from each store to its own: "
+                   help="also send, after the workload, one message from HQ to the "
+                        "queue://Store.<store>.Returns of up to 100 stores (spread evenly) "
+                        "and one from each store to its own: "
                         "queues nobody consumes (where they wait, and the hops it costs)")
     args = p.parse_args(argv)
     if args.scenario:
@@ -128,10 +131,13 @@ def main(argv: list[str] | None = None) -> int:
         topo = scenario.build_topology()
         at = max([SEND_AT + 1.0] + [e.at for e in scenario.timeline])
         stores = [b.id for b in topo.brokers if b.role == "leaf"]
+        # one timeline event per HQ message (the plan snapshots the estate per event, so
+        # at most ORPHANS_FROM_HQ of them); one glob event for every store's own
+        step = max(1, len(stores) // ORPHANS_FROM_HQ)
         extra = tuple(TimelineEvent(at, "send", target=topo.root.id,
-                                    dst=f"queue://Store.{s}.Returns") for s in stores)
-        extra += tuple(TimelineEvent(at, "send", target=s,
-                                     dst="queue://Store.{broker}.Returns") for s in stores)
+                                    dst=f"queue://Store.{s}.Returns") for s in stores[::step])
+        extra += (TimelineEvent(at, "send", target="store-*",
+                                dst="queue://Store.{broker}.Returns"),)
         scenario = dataclasses.replace(scenario, name=scenario.name + "-orphans",
                                        timeline=scenario.timeline + extra)
     plain = run(scenario, "tree", {})
