@@ -250,3 +250,23 @@ class TestConfig:
             parse_tree_options({"summary_owned": ["queue://x"]})
         with pytest.raises(ConfigError, match="summary_budget"):
             parse_tree_options({"summary_budget": -1})
+
+
+class TestTempDestinations:
+    def test_temp_queue_interest_stays_precise_across_a_relink(self):
+        """A temp queue is owned by one connection: never summarised, and re-sent
+        precisely when the summarising link comes back."""
+        est, _ = retail(1, 10, 5)
+        est.subscribe("R1", "reply", "temp-queue://R1.c.replies", conn="req")
+        est.run_until_quiet()
+
+        def temp_at_hq():
+            return [it for it in est.sites["HQ"]._active.values()
+                    if it.dst.startswith("temp-")]
+
+        assert len(temp_at_hq()) == 1
+        est.unlink("R1", "HQ")
+        est.run_until_quiet()
+        assert est.link("R1", "HQ", settings("branch", 5))
+        est.run_until_quiet()
+        assert len(temp_at_hq()) == 1

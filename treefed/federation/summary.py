@@ -185,7 +185,12 @@ class Summary:
     def start(self, out: list) -> None:
         """The link came up: everything that goes up, precisely or summarised."""
         site = self.site
-        ups = [it for it in site._active.values() if self.counts(it)]
+        ups = []
+        for it in site._active.values():
+            if self.counts(it):
+                ups.append(it)
+            elif it.source is None or it.source.lane == "child":
+                self.bridge.offer(it, out)   # a temp destination: always precise
         for bridge in site._lanes["child"]:
             for p in bridge.covers:
                 self.child_covers[p] = self.child_covers.get(p, 0) + 1
