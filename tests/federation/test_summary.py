@@ -270,3 +270,24 @@ class TestTempDestinations:
         assert est.link("R1", "HQ", settings("branch", 5))
         est.run_until_quiet()
         assert len(temp_at_hq()) == 1
+
+
+class TestSharedOwnedQueue:
+    def test_owned_queue_consumed_in_two_regions_is_delivered_once(self):
+        """A store's queue with its own consumer and one at a store of another region:
+        every message reaches exactly one of them, from HQ and from both regions, and
+        nothing waits anywhere."""
+        est, _ = retail(2, 20, 5)
+        dst = store_queue("s1-1")
+        est.subscribe("s2-1", "cross", dst, conn="x")
+        est.run_until_quiet()
+        sent = []
+        for i in range(10):
+            for origin in ("HQ", "s1-5", "s2-5"):
+                sent.append(f"{origin}-{i}")
+                est.send(origin, dst, sent[-1])
+        est.run_until_quiet()
+        got = est.delivered("s1-1", sub="q") + est.delivered("s2-1", conn="x", sub="cross")
+        assert sorted(got) == sorted(sent)
+        for name, site in est.sites.items():
+            assert est.held(name, dst) == 0, name
