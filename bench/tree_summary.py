@@ -117,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         scenario = load_scenario(args.scenario)
         args.regions = len(scenario.build_topology().children(
             scenario.build_topology().root.id))
-    else:
+    elif (ROOT / "scenarios" / f"retail-{args.regions}x{args.stores}.toml").is_file():
+        scenario = load_scenario(ROOT / "scenarios" / f"retail-{args.regions}x{args.stores}.toml")
+    else:   # retail-4x250's workload on R x S stores
         base = load_scenario(ROOT / "scenarios" / "retail-4x250.toml")
         scenario = dataclasses.replace(
             base, name=f"retail-{args.regions}x{args.stores}",
