@@ -174,7 +174,8 @@ class TreeConnectorConfig:
         """This site's own place in the tree (``federation.settings.TreeSettings``)."""
         from treefed.federation.settings import TreeSettings
 
-        return TreeSettings(node_type=self.node_type, route_unknown_up=self.route_unknown_up)
+        return TreeSettings(node_type=self.node_type, route_unknown_up=self.route_unknown_up,
+                            summarises=self.summary_budget > 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,7 @@ def retail(regions: int, stores: int, budget: int, *, consumers: bool = True,
     layout: dict[str, list[str]] = {}
     for r in range(1, regions + 1):
         region = f"R{r}"
-        est.add(region, tree=TreeSettings("branch"))
+        est.add(region, tree=TreeSettings("branch", summarises=bool(budget)))
         assert est.link(region, "HQ", settings("branch", budget, **extra))
         layout[region] = []
         for s in range(1, stores + 1):
@@ -192,7 +192,7 @@ class TestLinksAndVersions:
             return hello
 
         monkeypatch.setattr(Site, "hello", old_hello)
-        est.add("R1", tree=TreeSettings("branch"))
+        est.add("R1", tree=TreeSettings("branch", summarises=True))
         assert est.link("R1", "HQ", settings("branch", 2))
         for s in range(1, 6):
             est.add(f"s{s}", tree=TreeSettings("leaf"))
@@ -291,3 +291,52 @@ class TestSharedOwnedQueue:
         assert sorted(got) == sorted(sent)
         for name, site in est.sites.items():
             assert est.held(name, dst) == 0, name
+
+
+class TestMixedEstates:
+    def test_branch_that_cannot_pass_covers_on_keeps_its_children_plain(self):
+        """R1's own uplink does not summarise (no budget there): R1 must not accept
+        covers from its stores (HQ would have no route for their queues), so the stores
+        advertise plainly and HQ's message reaches a store."""
+        est = Estate(log_advisories=False)
+        est.add("HQ")
+        est.add("R1", tree=TreeSettings("branch"))
+        assert est.link("R1", "HQ", settings("branch", 0))
+        est.add("s1", tree=TreeSettings("branch", summarises=True))
+        assert est.link("s1", "R1", settings("branch", 1))
+        for i in range(3):
+            est.add(f"s1-{i}", tree=TreeSettings("leaf"))
+            est.link(f"s1-{i}", "s1", settings("leaf", 1))
+            est.subscribe(f"s1-{i}", "q", store_queue(f"s1-{i}"))
+        est.run_until_quiet()
+        assert not any(b.covers for b in est.sites["R1"].links())
+        assert est.sites["s1"]._summary is None
+        est.send("HQ", store_queue("s1-2"), "m")
+        est.run_until_quiet()
+        assert est.delivered("s1-2", sub="q") == ["m"]
+
+    def test_children_summarising_before_a_refused_uplink_are_closed(self):
+        """The stores link (and summarise) before the branch's own uplink comes up and
+        the parent refuses summaries: the branch closes their links; relinked, they are
+        answered plain and HQ's message arrives."""
+        est = Estate(log_advisories=False)
+        est.add("HQ")
+        est.add("R1", tree=TreeSettings("branch"))
+        est.add("s1", tree=TreeSettings("branch", summarises=True))
+        for i in range(3):
+            est.add(f"s1-{i}", tree=TreeSettings("leaf"))
+            assert est.link(f"s1-{i}", "s1", settings("leaf", 1))
+            est.subscribe(f"s1-{i}", "q", store_queue(f"s1-{i}"))
+        est.run_until_quiet()
+        assert any(b.covers for b in est.sites["s1"].links())
+        assert est.link("R1", "HQ", settings("branch", 0))
+        assert est.link("s1", "R1", settings("branch", 1))   # R1 refuses summaries
+        est.run_until_quiet()
+        assert not est.sites["s1"].links()[1:]   # only the uplink is left
+        for i in range(3):
+            assert est.link(f"s1-{i}", "s1", settings("leaf", 1))
+        est.run_until_quiet()
+        assert not any(b.covers for b in est.sites["s1"].links())
+        est.send("HQ", store_queue("s1-2"), "m")
+        est.run_until_quiet()
+        assert est.delivered("s1-2", sub="q") == ["m"]

@@ -173,6 +173,9 @@ class TreeSettings:
 
     node_type: str = "leaf"                         # "leaf" | "branch" | "root"
     route_unknown_up: bool = True                   # add fallback demand on the parent link
+    # issue 18 part 2: our own uplink is configured with a summary_budget, so we can
+    # pass children's covers on; a branch without it keeps its children plain
+    summarises: bool = False
 
     def __post_init__(self) -> None:
         if self.node_type not in NODE_TYPES:

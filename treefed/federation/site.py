@@ -129,8 +129,10 @@ class Site:
             verdict = self._resync_verdict(reply_to) if kind == "tree" else None
             options = {RESYNC: verdict} if verdict else {}
             if kind == "tree" and isinstance(reply_to.options, dict) \
-                    and reply_to.options.get("summary_budget"):
-                options[SUMMARY] = 1   # we understand covers (summary.py)
+                    and reply_to.options.get("summary_budget") \
+                    and self._passes_covers():
+                # we understand covers and can pass them on (summary.py)
+                options[SUMMARY] = 1
             return Hello(PROTOCOL_VERSION, "broker", broker_id=self.broker_id,
                          name=self.broker_id, connector=kind,
                          node_type=self.node_type if kind == "tree" else "mesh",
@@ -283,6 +285,12 @@ class Site:
             self._held_up = None
             self._summary.start(out)
             return out
+        elif lane == "parent" and self.tree is not None and self.tree.summarises:
+            # the parent refused summaries: children that summarise towards us reconnect
+            # and are answered plain now (summary.py, ``_passes_covers``)
+            for child in self._lanes["child"]:
+                if child.summarised:
+                    out.append(Close(child.conn))
         elif lane == "parent" and self._held_up is not None:
             held, self._held_up = self._held_up, None
             offer = remote_hello.options.get(RESYNC) if isinstance(
@@ -355,6 +363,17 @@ class Site:
                                      "connector": bridge.settings.kind,
                                      "role": bridge.peer_role}))
         return out
+
+    def _passes_covers(self) -> bool:
+        """May a child summarise towards us?  The root: yes.  A branch: when its own
+        uplink is configured to summarise and is not up refusing it (covers it cannot
+        pass on would leave the root without a route).  Configuration first, so the
+        answer does not depend on which link came up first."""
+        if self.node_type == "root":
+            return True
+        if self.tree is None or not self.tree.summarises:
+            return False
+        return not self._lanes["parent"] or self._summary is not None
 
     def _sync_summary(self, out: list) -> None:
         """Our subtree changed: a summarising link tells its parent (summary.py)."""

@@ -63,7 +63,8 @@ def site_position(mode: Mode, broker: BrokerSpec) -> tuple[TreeSettings | None, 
         return None, False
     if broker.role == "root":
         return None, True
-    return (TreeSettings(broker.role, mode.options.get("route_unknown_up", True)),
+    return (TreeSettings(broker.role, mode.options.get("route_unknown_up", True),
+                         bool(mode.options.get("summary_budget", 0))),
             broker.role != "leaf")
 
 
