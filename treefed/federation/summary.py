@@ -33,9 +33,12 @@ again (consumers left) the child re-sends its interest precisely and withdraws t
 covers and its membership.  Nested branches work the same way: a cover received from a
 child makes this broker cover the pattern towards its own parent.
 
-Versioning: a parent that understands summaries answers the child's hello with
-``options["summary"] = 1``; an older parent does not, and the child then advertises
-plainly.  With ``summary_budget`` 0 (the default) nothing here runs and no frame or
+Versioning: a parent that understands summaries and can pass covers on answers the
+child's hello with ``options["summary"] = 1`` (``Site._passes_covers``: the root, or a
+branch whose own uplink is configured to summarise and is not up refusing it); an older
+parent, or a branch that could not pass covers on, does not, and the child then
+advertises plainly.  A branch whose uplink comes up refusing summaries closes its
+summarising child links, so they relink plain.  With ``summary_budget`` 0 (the default) nothing here runs and no frame or
 hello changes.  A summarising link always resyncs in full after an outage (at most B
 entries and one membership frame).  Nothing here does I/O.
 """
