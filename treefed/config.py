@@ -153,6 +153,10 @@ class TreeConnectorConfig:
     #   (a queue message climbs to its consumer anyway), both without
     resync_grace: float = 0.0        # seconds both ends hold the link's interest after
     #                                  it drops: a quick reconnect sends only the change
+    summary_budget: int = 0          # most interest entries sent up before covering
+    #                                  entries replace them (0 = off; issue 18 part 2)
+    summary_owned: tuple[str, ...] = ()   # "queue://Store.{broker}.>": queues owned by
+    #                                  the broker a segment names (routed by subtree)
 
     def link_settings(self) -> Any:
         """Settings for the federation Bridge of this link (``kind="tree"``)."""
@@ -162,13 +166,16 @@ class TreeConnectorConfig:
                             route_unknown_up=self.route_unknown_up,
                             max_demand_per_link=self.max_interest_per_child,
                             advertise_down=self.advertise_down,
-                            resync_grace=self.resync_grace)
+                            resync_grace=self.resync_grace,
+                            summary_budget=self.summary_budget,
+                            summary_owned=self.summary_owned)
 
     def tree_settings(self) -> Any:
         """This site's own place in the tree (``federation.settings.TreeSettings``)."""
         from treefed.federation.settings import TreeSettings
 
-        return TreeSettings(node_type=self.node_type, route_unknown_up=self.route_unknown_up)
+        return TreeSettings(node_type=self.node_type, route_unknown_up=self.route_unknown_up,
+                            summarises=self.summary_budget > 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,9 +463,19 @@ def _reason(exc: Exception) -> str:
     return getattr(exc, "problem", None) or str(exc)
 
 
+def _owned_pattern(value: Any, key: str) -> str:
+    from treefed.federation.summary import Pattern   # issue 18 part 2
+
+    try:
+        return Pattern.parse(value).text
+    except ConfigError as exc:
+        raise ConfigError(key, _reason(exc)) from None
+
+
 def _list_of(item: Checker) -> Checker:
     def check(value: Any, key: str) -> tuple:
-        if not isinstance(value, list):
+        # a tuple: options already checked once (a scenario mode's, handed to a config)
+        if not isinstance(value, (list, tuple)):
             raise ConfigError(key, f"must be a list, got {_show(value)}")
         return tuple(item(v, f"{key}[{i}]") for i, v in enumerate(value))
 
@@ -538,6 +555,8 @@ _TREE_OPTIONS: dict[str, tuple[Checker, Any]] = {
     "max_interest_per_child": (_int(1), 100_000),
     "advertise_down": (_list_of(_choice("queue", "topic")), None),
     "resync_grace": (_number(0.0), 0.0),
+    "summary_budget": (_int(0), 0),
+    "summary_owned": (_list_of(_owned_pattern), ()),
 }
 _TREE: dict[str, tuple[Checker, Any]] = {
     "node_type": (_choice("leaf", "branch"), "leaf"),

@@ -70,6 +70,10 @@ MODE_COSTS: dict[str, tuple[str, str]] = {
     "tree": ("one tree connector per store naming its parent and node type leaf; the "
              "same file for every store but the parent address",
              "none: store-to-store goes up to the lowest common ancestor and down"),
+    "tree-summary": ("the tree connector plus summary_budget and the owned-queue pattern "
+                     "(queue://Store.{broker}.>), the same two keys in every file",
+                     "none; a store queue nobody below consumes waits at its region "
+                     "instead of HQ (one hop down from HQ: bench/tree_summary.py)"),
     "mesh-ttl": ("one network TTL for the whole estate, duplex connectors; the same file "
                  "for every store",
                  "TTL below the estate's depth strands HQ-to-store, store-to-HQ and "

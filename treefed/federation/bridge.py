@@ -47,6 +47,7 @@ from treefed.core.selector import compile_selector
 from treefed.errors import DestinationError, SelectorError, TreefedError
 from treefed.federation.merged import MergedSelector
 from treefed.federation.settings import LinkSettings
+from treefed.federation.summary import NotOwned, receive_cover
 from treefed.federation.temps import refused_error
 from treefed.wire.frames import Advisory
 
@@ -217,7 +218,7 @@ class Bridge:
 
     __slots__ = ("site", "conn", "peer", "settings", "policy", "lane", "name", "duplex",
                  "forwards", "accepts", "advertises", "up", "remote", "conduits", "owned",
-                 "peer_role", "_subs", "clients", "down")
+                 "peer_role", "_subs", "clients", "down", "summarised", "members", "covers")
 
     def __init__(self, site: "Site", conn: str, peer: str, settings: LinkSettings,
                  policy: Any, *, lane: str, forwards: bool, accepts: bool,
@@ -247,6 +248,11 @@ class Bridge:
         self.down: tuple[str, ...] = tuple(
             f"{kind}://" for kind in settings.advertise_down) + (
             "temp-queue://", "temp-topic://")
+        # summaries (summary.py): both ends agreed in the hello; a child link's announced
+        # members (its Subtree frames) and covers (pattern -> the OwnedBy selector)
+        self.summarised = False
+        self.members: set[str] = set()
+        self.covers: dict[str, Any] = {}
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self, out: list, now: float) -> None:
@@ -261,16 +267,24 @@ class Bridge:
                 if s.conduit_subscriptions:  # dynamic demand for it joins this consumer
                     self.conduits[dst] = Demand(sub, dst, conduit=True, static=True)
         if self.lane == "parent" and self.site.route_unknown_up:
+            summary = self.site._summary
             for dst in ("queue://>", "topic://>"):
                 sub = "f:" + dst
+                # summarising (summary.py): not the queues our subtree owns while covered
+                sel = NotOwned(self.site, summary) if summary is not None \
+                    and summary.bridge is self and dst == "queue://>" else None
                 out += broker.add_consumer(self.conn, sub, dst, now, prefetch=s.prefetch,
-                                           peer=self.peer, fallback=True, replay=True)
+                                           peer=self.peer, fallback=True, replay=True,
+                                           selector=sel)
 
     # -- receiving -----------------------------------------------------------------
     def receive(self, adv: Advisory, out: list, now: float) -> None:
         """The one decision point for an advisory arriving over this link: refused
         (one ``Drop`` with its reason), a removal retraced, or accepted -- and only then
         are the policy's subtree claims applied and the interest admitted."""
+        if adv.cover is not None:   # a summarising child's cover (summary.py)
+            receive_cover(self, adv, out, now)
+            return
         site = self.site
         shared = site.sharing
         site.counters["advisories_received"] += 1

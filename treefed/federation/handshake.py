@@ -139,7 +139,8 @@ def plan_link(local: LinkSettings, remote: Hello, *, me: str, dialed: bool,
                         and not settings.static_bridge,
                         peer_role="mesh", tree=tree)
     if dialed and tree is None:  # a site without TreeSettings takes the connector's
-        tree = TreeSettings(settings.node_type or "leaf", settings.route_unknown_up)
+        tree = TreeSettings(settings.node_type or "leaf", settings.route_unknown_up,
+                            bool(settings.summary_budget))
     why = check_tree_hello(tree, remote, me=me, dialed=dialed, ancestry=ancestry,
                            accept_children=accept_children)
     if why is None and dialed and has_parent:

@@ -47,6 +47,10 @@ def _destinations(key: str, value: Any, *, wildcards: bool) -> tuple[str, ...]:
     return tuple(out)
 
 
+#: options ``to_options`` leaves out at their default (added after the hello was fixed)
+_SILENT_DEFAULTS = frozenset(("summary_budget", "summary_owned"))
+
+
 @dataclass(frozen=True, slots=True)
 class LinkSettings:
     """One connector's options (DESIGN §4.1; tree fields §4.2)."""
@@ -80,6 +84,14 @@ class LinkSettings:
     # so a reconnect within them exchanges only the difference (federation/resync.py);
     # 0 = forget at once and resend everything (the AMQ-2875 behaviour)
     resync_grace: float = 0.0
+    # tree, the child's side (issue 18 part 2, federation/summary.py): when more than
+    # this many interest entries would go up the link, advertise covering entries
+    # instead (one per destination, selector and priority, plus one per
+    # ``summary_owned`` pattern for the destinations its subtree's brokers own); 0 = off
+    summary_budget: int = 0
+    # patterns naming the broker that owns a queue, "{broker}" standing for one segment
+    # (e.g. "queue://Store.{broker}.>"): the parent routes those down by subtree
+    summary_owned: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -108,6 +120,15 @@ class LinkSettings:
             _destinations("statically_included", self.statically_included, wildcards=False))
         if type(self.resync_grace) not in (int, float) or self.resync_grace < 0:
             raise ConfigError("resync_grace", "must be a number of seconds >= 0")
+        if type(self.summary_budget) is not int or self.summary_budget < 0:
+            raise ConfigError("summary_budget", "must be an integer >= 0 (0 = off)")
+        owned = self.summary_owned
+        if isinstance(owned, str) or not isinstance(owned, (list, tuple)):
+            raise ConfigError("summary_owned", "must be a list of patterns")
+        from treefed.federation.summary import Pattern   # a cycle at import time
+        for text in owned:
+            Pattern.parse(text)
+        put(self, "summary_owned", tuple(owned))
         down = self.advertise_down
         if down is None:
             down = ("topic",) if self.route_unknown_up else ("queue", "topic")
@@ -123,6 +144,8 @@ class LinkSettings:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name in _SILENT_DEFAULTS and value == f.default:
+                continue   # issue 18 part 2: an unset summary leaves the hello unchanged
             out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
 
@@ -133,7 +156,7 @@ class LinkSettings:
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in options.items() if k in known}
         for key in ("dynamically_included", "excluded", "statically_included",
-                    "advertise_down"):
+                    "advertise_down", "summary_owned"):
             if isinstance(kwargs.get(key), list):
                 kwargs[key] = tuple(kwargs[key])
         kwargs.update(overrides)
@@ -150,6 +173,9 @@ class TreeSettings:
 
     node_type: str = "leaf"                         # "leaf" | "branch" | "root"
     route_unknown_up: bool = True                   # add fallback demand on the parent link
+    # issue 18 part 2: our own uplink is configured with a summary_budget, so we can
+    # pass children's covers on; a branch without it keeps its children plain
+    summarises: bool = False
 
     def __post_init__(self) -> None:
         if self.node_type not in NODE_TYPES:

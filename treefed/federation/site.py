@@ -50,9 +50,10 @@ from treefed.core.destinations import parse_destination
 from treefed.federation.routing import DOWN, ROUTES_ALL as _ROUTES
 from treefed.federation.settings import LinkSettings, TreeSettings
 from treefed.federation.sharing import Sharing
+from treefed.federation.summary import OPTION as SUMMARY, Summary, owns, receive_subtree
 from treefed.federation.tree import TreePolicy
 from treefed.wire.frames import PROTOCOL_VERSION, Advisory, Error, Forward, ForwardAck, \
-    Hello, Subscribe, Unsubscribe
+    Hello, Subscribe, Subtree, Unsubscribe
 
 __all__ = ["Site", "POLICIES", "check_tree_hello"]
 
@@ -69,7 +70,7 @@ class Site:
     __slots__ = ("broker_id", "broker", "tree", "accept_tree_children", "log", "counters",
                  "dropped", "route_unknown_up", "ancestry_set", "_ancestry", "_bridges",
                  "_lanes", "_active", "_rivals", "_locals", "_owner", "_seq", "temp_owners",
-                 "sharing", "_held_up", "_suspended")
+                 "sharing", "_held_up", "_suspended", "_summary", "_members_dirty")
 
     def __init__(self, broker_id: str, *, broker: Any, tree: TreeSettings | None = None,
                  accept_tree_children: bool = True, log_advisories: bool = True,
@@ -103,6 +104,10 @@ class Site:
         # suspended: (deadline, [Interest], digest)
         self._held_up: Held | None = None
         self._suspended: dict[tuple[str, str], tuple[float, list[Interest], str]] = {}
+        # summaries (summary.py): our side of a summarising parent link, and whether our
+        # subtree changed since the parent was last told
+        self._summary: Summary | None = None
+        self._members_dirty = False
 
     # -- identity ------------------------------------------------------------------
     @property
@@ -122,13 +127,19 @@ class Site:
         if settings is None:
             kind = reply_to.connector if reply_to is not None else None
             verdict = self._resync_verdict(reply_to) if kind == "tree" else None
+            options = {RESYNC: verdict} if verdict else {}
+            if kind == "tree" and isinstance(reply_to.options, dict) \
+                    and reply_to.options.get("summary_budget") \
+                    and self._passes_covers():
+                # we understand covers and can pass them on (summary.py)
+                options[SUMMARY] = 1
             return Hello(PROTOCOL_VERSION, "broker", broker_id=self.broker_id,
                          name=self.broker_id, connector=kind,
                          node_type=self.node_type if kind == "tree" else "mesh",
                          ancestry=self.ancestry(),
                          link_name=reply_to.link_name if reply_to is not None else None,
                          duplex=reply_to.duplex if reply_to is not None else False,
-                         options={RESYNC: verdict} if verdict else {})
+                         options=options)
         options = settings.to_options()
         held = self._held_up
         if settings.kind == "tree" and held is not None and held.link == settings.name:
@@ -175,6 +186,13 @@ class Site:
             if type(frame) is Advisory:
                 out: list = []
                 bridge.receive(frame, out, now)
+                if self._members_dirty:
+                    self._sync_summary(out)
+                return out
+            if type(frame) is Subtree:   # a summarising child's membership (summary.py)
+                out = []
+                receive_subtree(bridge, frame, out, now)
+                self._sync_summary(out)
                 return out
             if type(frame) is Error:  # the peer refused something of ours
                 self.counters["peer_errors"] += 1
@@ -238,6 +256,13 @@ class Site:
         bridge = Bridge(self, conn, peer, settings, POLICIES[settings.kind](settings),
                         lane=lane, forwards=plan.forwards, accepts=plan.accepts,
                         advertises=advertises, peer_role=plan.peer_role)
+        summarise = settings.kind == "tree" and bool(settings.summary_budget) and (
+            lane == "child" or (lane == "parent" and isinstance(remote_hello.options, dict)
+                                and remote_hello.options.get(SUMMARY)))
+        if summarise:   # summary.py: both ends agreed (the child asked, the parent said so)
+            bridge.summarised = True
+            if lane == "parent":
+                self._summary = Summary(self, bridge)
         out = self.broker.connect(conn, now)
         if bridge.policy.replay:
             self.broker.allow_revisits(conn)
@@ -247,6 +272,7 @@ class Site:
         elif lane == "child":
             self._owner[peer] = bridge
             bridge.owned.add(peer)
+            self._members_dirty = True
         self._bridges[conn] = bridge
         self._lanes[lane].append(bridge)
         bridge.start(out, now)
@@ -254,6 +280,17 @@ class Site:
                                    "connector": settings.kind, "role": plan.peer_role}))
         if lane == "child":
             self._resume_child(bridge, remote_hello, out, now)
+            self._sync_summary(out)
+        elif lane == "parent" and bridge.summarised:
+            self._held_up = None
+            self._summary.start(out)
+            return out
+        elif lane == "parent" and self.tree is not None and self.tree.summarises:
+            # the parent refused summaries: children that summarise towards us reconnect
+            # and are answered plain now (summary.py, ``_passes_covers``)
+            for child in self._lanes["child"]:
+                if child.summarised:
+                    out.append(Close(child.conn))
         elif lane == "parent" and self._held_up is not None:
             held, self._held_up = self._held_up, None
             offer = remote_hello.options.get(RESYNC) if isinstance(
@@ -289,7 +326,9 @@ class Site:
         # the core drops every consumer of the conn at once (in-flight messages requeue)
         out = self.broker.disconnect(conn, now)
         grace = bridge.settings.resync_grace if bridge.settings.kind == "tree" else 0
-        if grace and bridge.lane == "parent":   # what we told it, for a delta resync
+        if self._summary is not None and self._summary.bridge is bridge:
+            self._summary = None   # a summarising link resyncs in full (summary.py)
+        elif grace and bridge.lane == "parent":   # what we told it, for a delta resync
             self._held_up = Held(bridge.name, now + grace, {
                 it.key: it.frame("add") for it in self._active.values()
                 if bridge in it.sent_to})
@@ -312,6 +351,11 @@ class Site:
         for broker_id in bridge.owned:
             if self._owner.get(broker_id) is bridge:
                 del self._owner[broker_id]
+                self._members_dirty = True
+        if bridge.covers and self._summary is not None:   # summary.py
+            for pattern in bridge.covers:
+                self._summary.child_cover(pattern, -1, out, now)
+        self._sync_summary(out)
         if bridge.lane == "parent":
             self._ancestry = []
             self.ancestry_set = frozenset()
@@ -319,6 +363,24 @@ class Site:
                                      "connector": bridge.settings.kind,
                                      "role": bridge.peer_role}))
         return out
+
+    def _passes_covers(self) -> bool:
+        """May a child summarise towards us?  The root: yes.  A branch: when its own
+        uplink is configured to summarise and is not up refusing it (covers it cannot
+        pass on would leave the root without a route).  Configuration first, so the
+        answer does not depend on which link came up first."""
+        if self.node_type == "root":
+            return True
+        if self.tree is None or not self.tree.summarises:
+            return False
+        return not self._lanes["parent"] or self._summary is not None
+
+    def _sync_summary(self, out: list) -> None:
+        """Our subtree changed: a summarising link tells its parent (summary.py)."""
+        if self._members_dirty:
+            self._members_dirty = False
+            if self._summary is not None and self._summary.sent:
+                self._summary.sync_members(out)
 
     def links(self) -> list[Bridge]:
         return list(self._bridges.values())
@@ -402,6 +464,13 @@ class Site:
         stats["advisories_dropped"] = {k: v for k, v in self.dropped.items() if v}
         if self.tree is not None or self._lanes["child"]:
             stats["tree"] = {"node_type": self.node_type, "ancestry": self.ancestry()}
+        s = self._summary
+        if s is not None or any(b.covers for b in self._bridges.values()):   # summary.py
+            stats["summary"] = {
+                "active": bool(s and s.active), "up_interest": s.count if s else 0,
+                "entries": len(s.entries) if s else 0,
+                "covers_sent": sorted(s.sent) if s else [],
+                "covers_held": sum(len(b.covers) for b in self._bridges.values())}
         if self._suspended or self._held_up is not None:   # resync.py
             stats["resync"] = {
                 "children": sorted(f"{peer}/{link}" for peer, link in self._suspended),
@@ -416,13 +485,15 @@ class Site:
         store moved to another region): only then may another child claim it.  The scan
         runs only when someone other than the owner asks, i.e. on a move or a spoof."""
         owner = self._owner.get(broker_id)
-        if owner is None or owner is claimant or owner.peer == broker_id:
+        if owner is None or owner is claimant or owner.peer == broker_id \
+                or broker_id in owner.members:
             return owner
         for it in owner.remote.values():
             if broker_id in it.path:
                 return owner
         del self._owner[broker_id]
         owner.owned.discard(broker_id)
+        self._members_dirty = True
         return None
 
     def claim_subtree(self, bridge: Bridge, brokers: Sequence[str]) -> None:
@@ -431,6 +502,7 @@ class Site:
             if broker_id not in owner:
                 owner[broker_id] = bridge
                 bridge.owned.add(broker_id)
+                self._members_dirty = True
 
     # -- interest life cycle (called by Bridge, not part of the shell API) ---------
     def next_seq(self) -> int:
@@ -493,6 +565,8 @@ class Site:
             if bridge.up:
                 bridge.retract(it, out)
         it.sent_to = ()
+        if self._summary is not None:   # summary.py: what goes up may shrink
+            self._summary.remove(it, out, now)
 
     def forget(self, it: Interest, out: list, now: float, *, gone: bool = False) -> None:
         """The instance is gone (removal, link loss, consumer closed)."""
@@ -531,8 +605,14 @@ class Site:
             if lane == DOWN:   # each child chose the kinds it hears of from above
                 dst = it.dst
                 for bridge in lanes[lane]:
-                    if bridge is not src and bridge.advertises and dst.startswith(bridge.down):
+                    if bridge is not src and bridge.advertises and (
+                            dst.startswith(bridge.down)
+                            or bridge.covers and owns(bridge, dst)):   # summary.py
                         bridge.offer(it, out)
+                continue
+            if lane == "parent" and self._summary is not None:   # summary.py
+                if self._summary.bridge is not src:
+                    self._summary.add(it, out)
                 continue
             for bridge in lanes[lane]:
                 if bridge is not src and bridge.advertises:

@@ -61,14 +61,27 @@ def find_scenario(name: str) -> Path:
     raise ConfigError("", f"no scenario {name!r} (not a file, not in scenarios/)")
 
 
-def with_compared_modes(scenario: Scenario) -> Scenario:
+def summary_mode(budget: int) -> tuple[str, dict]:
+    """The ``tree-summary`` mode (issue 18 part 2): the tree with ``summary_budget`` on
+    every tree link and the stores' own queues routed by subtree ownership."""
+    return "tree", {"summary_budget": budget, "summary_owned": [SUMMARY_OWNED]}
+
+
+#: the queues a store owns in every shipped scenario (scenario/spec.py STORE_QUEUE)
+SUMMARY_OWNED = "queue://Store.{broker}.>"
+
+
+def with_compared_modes(scenario: Scenario, *, summary_budget: int = 0) -> Scenario:
     """``scenario`` with every mode of COMPARED_MODES it lacks appended, then the tuned
-    baselines (baselines.py) with the network TTL set to the estate's depth."""
+    baselines (baselines.py) with the network TTL set to the estate's depth, then (with
+    ``summary_budget``) ``tree-summary``."""
     modes = list(scenario.modes)
     have = {m.label for m in modes}
     wanted = dict(COMPARED_MODES)
     if any(label not in have for label in TUNED_MODES):
         wanted.update(tuned_modes(scenario.build_topology().depth))
+    if summary_budget:
+        wanted["tree-summary"] = summary_mode(summary_budget)
     for label, (connector, options) in wanted.items():
         if label not in have:
             modes.append(Mode(label, connector, dict(options)))
@@ -87,12 +100,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--report", default=None,
                    help="report directory (default reports/compare-<time>)")
     p.add_argument("--no-report", action="store_true", help="run only, skip the Spark job")
+    p.add_argument("--summary-budget", type=int, default=0, metavar="N",
+                   help="also run tree-summary: the tree with summary_budget = N (interest "
+                        "summarised at branches, issue 18 part 2); default off")
     args = p.parse_args(argv)
     names = args.scenarios or list(FULL_SCENARIOS if args.full else DEFAULT_SCENARIOS)
     if args.full and args.scenarios and "sweep-size-4x1000" not in names:
         names.append("sweep-size-4x1000")
     try:
-        scenarios = [with_compared_modes(load_scenario(find_scenario(n))) for n in names]
+        scenarios = [with_compared_modes(load_scenario(find_scenario(n)),
+                                         summary_budget=args.summary_budget)
+                     for n in names]
     except ConfigError as exc:
         key = f"{exc.key}: " if exc.key else ""
         notes = "".join(f" ({n})" for n in getattr(exc, "__notes__", ()))

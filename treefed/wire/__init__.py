@@ -36,6 +36,7 @@ from treefed.wire.frames import (
     StatReply,
     Admin,
     StatRequest,
+    Subtree,
     Subscribe,
     Unsubscribe,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "Advisory",
     "Forward",
     "ForwardAck",
+    "Subtree",
     "StatRequest",
     "StatReply",
     "Admin",

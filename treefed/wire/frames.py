@@ -39,6 +39,7 @@ __all__ = [
     "Error",
     "Bye",
     "Advisory",
+    "Subtree",
     "Forward",
     "ForwardAck",
     "StatRequest",
@@ -209,6 +210,20 @@ class Advisory(Frame):
     selector: str | None = None
     priority: int = 0
     path: list[str] = field(default_factory=list)
+    # issue 18 part 2 (federation/summary.py): set only on a summarising child's covering
+    # entry -- the ownership pattern ("queue://Store.{broker}.>") it stands for.  None is
+    # the default, so a plain advisory encodes exactly as before (trailing default cut).
+    cover: str | None = None
+
+
+@dataclass(slots=True)
+class Subtree(Frame):
+    """A summarising tree child's subtree membership (issue 18 part 2): broker ids now
+    below it (``add``) and no longer (``remove``).  Sent only on a link whose parent
+    agreed to summaries in its hello (``federation/summary.py``)."""
+
+    add: list[str] = field(default_factory=list)
+    remove: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -306,7 +321,8 @@ _KINDS: dict[str, dict[str, str]] = {
     "Error": dict(code="str", message="str", ref="str?"),
     "Bye": dict(reason="str"),
     "Advisory": dict(kind="str", consumer="str", dst="str", origin="str", selector="str?",
-                     priority="int", path="strlist"),
+                     priority="int", path="strlist", cover="str?"),
+    "Subtree": dict(add="strlist", remove="strlist"),
     "Forward": dict(dst="str", id="str", path="strlist", headers="headers", body="bytes",
                     persistent="bool", priority="int", expires="float", reply_to="str?",
                     timestamp="float", redelivered="int"),
@@ -320,6 +336,8 @@ _KINDS: dict[str, dict[str, str]] = {
 MAX_NAME = 4096
 #: Most broker ids in a path or an ancestry (the core drops a forward at 64 hops).
 MAX_PATH = 256
+#: Most broker ids in one Subtree frame (a sender splits longer lists).
+MAX_MEMBERS = 10_000
 #: Latest timestamp / expiry accepted, epoch seconds (about the year 5138).
 MAX_EPOCH = 1e11
 _INT63 = 2 ** 63 - 1
@@ -351,7 +369,9 @@ LIMITS: dict[str, dict[str, tuple]] = {
     "Error": dict(code=(None, 64), ref=(None, MAX_NAME)),
     "Bye": dict(),
     "Advisory": dict(kind=(None, 64), consumer=(None, MAX_NAME), dst=(None, MAX_NAME),
-                     origin=(None, MAX_NAME), priority=(-1000, 1000), path=(None, MAX_PATH)),
+                     origin=(None, MAX_NAME), priority=(-1000, 1000), path=(None, MAX_PATH),
+                     cover=(None, MAX_NAME)),
+    "Subtree": dict(add=(None, MAX_MEMBERS), remove=(None, MAX_MEMBERS)),
     "Forward": dict(dst=(None, MAX_NAME), id=(None, MAX_NAME), path=(None, MAX_PATH),
                     priority=(0, 9), expires=(0.0, MAX_EPOCH), reply_to=(None, MAX_NAME),
                     timestamp=(0.0, MAX_EPOCH), redelivered=(0, 2 ** 31 - 1)),
@@ -366,7 +386,7 @@ LIMITS: dict[str, dict[str, tuple]] = {
 CODES: dict[type, int] = {
     Hello: 1, Send: 2, Subscribe: 3, Unsubscribe: 4, Ack: 5, Nack: 6, Deliver: 7,
     Receipt: 8, Ping: 9, Pong: 10, Error: 11, Bye: 12, Advisory: 20, Forward: 21,
-    ForwardAck: 22, StatRequest: 30, StatReply: 31, Admin: 32,
+    ForwardAck: 22, Subtree: 23, StatRequest: 30, StatReply: 31, Admin: 32,
 }
 BY_CODE: dict[int, type] = {code: cls for cls, code in CODES.items()}
 SPECS: dict[type, tuple[FieldSpec, ...]] = {cls: _specs(cls) for cls in CODES}

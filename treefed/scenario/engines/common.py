@@ -46,7 +46,9 @@ def dial_settings(mode: Mode, child: BrokerSpec) -> LinkSettings:
                             route_unknown_up=opts.get("route_unknown_up", True),
                             max_demand_per_link=opts.get("max_interest_per_child", 100_000),
                             advertise_down=opts.get("advertise_down"),
-                            resync_grace=opts.get("resync_grace", 0.0))
+                            resync_grace=opts.get("resync_grace", 0.0),
+                            summary_budget=opts.get("summary_budget", 0),
+                            summary_owned=tuple(opts.get("summary_owned", ())))
     return LinkSettings(kind="mesh", name=LINK_NAME["mesh"], **store_options(mode, child))
 
 
@@ -61,7 +63,8 @@ def site_position(mode: Mode, broker: BrokerSpec) -> tuple[TreeSettings | None, 
         return None, False
     if broker.role == "root":
         return None, True
-    return (TreeSettings(broker.role, mode.options.get("route_unknown_up", True)),
+    return (TreeSettings(broker.role, mode.options.get("route_unknown_up", True),
+                         bool(mode.options.get("summary_budget", 0))),
             broker.role != "leaf")
 
 
