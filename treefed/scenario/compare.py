@@ -49,6 +49,8 @@ COMPARED_MODES: dict[str, tuple[str, dict]] = {
     "mesh-ttl2": ("mesh", {"network_ttl": 2, "duplex": True}),
     "mesh-ttl3": ("mesh", {"network_ttl": 3, "duplex": True}),
 }
+#: The report's Spark driver heap: the JVM's resident set is about 1.4 GiB with it.
+DRIVER_MEMORY = "1g"
 _CHECKOUT = Path(__file__).resolve().parents[2] / "scenarios"
 
 
@@ -111,6 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--report", default=None,
                    help="report directory (default reports/compare-<time>)")
     p.add_argument("--no-report", action="store_true", help="run only, skip the Spark job")
+    p.add_argument("--driver-memory", default=DRIVER_MEMORY,
+                   help=f"Spark driver heap for the report (default {DRIVER_MEMORY}: the "
+                        "job reads the runs' Parquet parts and fits; keeps make run's whole "
+                        "process tree under 2 GiB)")
     args = p.parse_args(argv)
     names = args.scenarios or list(FULL_SCENARIOS if args.full else DEFAULT_SCENARIOS)
     if args.full and args.scenarios and "sweep-size-4x1000" not in names:
@@ -153,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = args.report or f"reports/compare-{time.strftime('%Y%m%d-%H%M%S')}"
     from treefed.analysis.job import main as report_main
 
-    return report_main([*run_dirs, "--out", report])   # it prints where the report is
+    return report_main([*run_dirs, "--out", report, "--driver-memory", args.driver_memory])   # it prints where the report is
 
 
 if __name__ == "__main__":
