@@ -716,10 +716,12 @@ def compute(spark: SparkSession, paths: list[str], *,
     # half a log line), persisted so the JSON is decoded once, not once per metric, and
     # every stage sees the same corrupt-line verdict.
     parsed = read_events(spark, paths, json_only=json_only).select(*USED_COLUMNS)
-    if any(p in json_only or parquet_parts(p) is None for p in paths):
-        parsed = parsed.persist(cache_level(paths))
-    # else: all Parquet -- typed columns read again per stage cost less than a cache
-    # (whose blocks, many runs' row groups to a split, ran a 1 GB driver out of heap)
+    level = cache_level(paths)
+    if level == StorageLevel.MEMORY_AND_DISK or \
+            any(p in json_only or parquet_parts(p) is None for p in paths):
+        parsed = parsed.persist(level)
+    # else: big and all Parquet -- typed columns read again per stage instead of a disk
+    # cache, whose blocks (many runs' row groups to one split) ran a 1 GB driver out of heap
     events = valid_events(parsed)
     # Small (distinct broker x destination) and joined by both advisory and demand metrics.
     interested = interest(events).persist(StorageLevel.MEMORY_AND_DISK)
