@@ -46,9 +46,11 @@ def report(dirs: list[Path], out: Path, *extra: str) -> tuple[int, str]:
 
 
 def test_parts_are_chosen_when_listed(runs, tmp_path):
-    from treefed.analysis.job import parquet_parts
+    from treefed.analysis.job import _parquet_rows, parquet_parts
 
     assert [Path(p).name for p in parquet_parts(str(runs[0]))] == ["events.part-0000.parquet"]
+    events = sum(json.loads((r / "summary.json").read_text())["events"] for r in runs)
+    assert _parquet_rows([str(r) for r in runs]) == events
     (plain,) = json_only(runs[:1], tmp_path)
     assert parquet_parts(str(plain)) is None
 
