@@ -193,16 +193,19 @@ class EventWriter:
     releases the GIL.  Errors of that thread are raised by the next ``write``/``close``.
     ``part_lines`` (paths only): start a new file (``part_path``) once a part holds that
     many lines, so a reader such as Spark -- which cannot split one gzip file -- can read
-    the parts of one big run in parallel.
+    the parts of one big run in parallel.  ``tee`` (paths only): an object whose
+    ``write(bytes)`` the helper thread also hands every chunk of whole lines, and whose
+    ``close()`` ``close()`` calls (the runner's Parquet parts, scenario/parquet_parts.py).
     """
 
     __slots__ = ("_file", "_owned", "_gzip", "_text", "_buf", "_limit", "_heads", "_run",
                  "_frag", "_shared", "_written", "_queue", "_thread", "_error", "_ts",
-                 "_ts_text", "_paths", "_part_lines", "_part_start", "_opener")
+                 "_ts_text", "_paths", "_part_lines", "_part_start", "_opener", "_tee")
 
     def __init__(self, path_or_file: str | os.PathLike | IO, *, run: str | None = None,
                  compress: bool | None = None, buffer_lines: int = 8192,
-                 compresslevel: int = 1, part_lines: int = 0) -> None:
+                 compresslevel: int = 1, part_lines: int = 0, tee: Any = None) -> None:
+        self._tee = tee
         self._gzip: gzip.GzipFile | None = None
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
@@ -367,6 +370,8 @@ class EventWriter:
                 if self._error is None:
                     if type(item) is bytes:
                         write(item)
+                        if self._tee is not None:
+                            self._tee.write(item)
                     else:   # a Path: close this part, open the next
                         self._file.close()
                         self._file = self._opener(item)
@@ -396,6 +401,8 @@ class EventWriter:
                 self._queue.put(None)
                 self._thread.join()
                 self._thread = None
+                if self._tee is not None:
+                    self._tee.close()
             if self._owned or self._gzip is not None:
                 self._file.close()
             self._file = None

@@ -32,7 +32,8 @@ class TestRunScenario:
             assert r.run_id.startswith(f"retail-small-{r.summary['mode']}-replay-")
             assert r.path.name == r.run_id
             assert {p.name for p in r.path.iterdir()} == {"events.jsonl.gz", "scenario.toml",
-                                                          "summary.json"}
+                                                          "summary.json",
+                                                          "events.part-0000.parquet"}
 
     def test_summary_keys(self, small_runs) -> None:
         """summary.json holds the issue's keys with the run's figures."""

@@ -38,6 +38,7 @@ __all__ = [
     "JAVA_HINT",
     "summary_problems",
     "run_problems",
+    "parquet_problems",
     "java_version",
     "java_problem",
 ]
@@ -77,6 +78,23 @@ def summary_problems(run_dir: str) -> list[str]:
         return [f"summary.json lacks {', '.join(missing)} (incomplete, or written by an "
                 "older treefed: run the scenario again)"]
     return []
+
+
+def parquet_problems(run_dir: str) -> list[str]:
+    """Why the Parquet parts a local run's summary.json lists are not its whole log
+    (missing, unreadable footer, rows other than listed or than ``events``); empty when
+    they are, or when it lists none (the job then reads the JSON lines)."""
+    if _has_scheme(run_dir) or not os.path.isdir(run_dir):
+        return []
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return []   # summary_problems names it
+    if not isinstance(summary, dict) or not summary.get("parquet_parts"):
+        return []
+    from treefed.scenario.parquet_parts import parquet_problems as check
+
+    return check(run_dir, summary)
 
 
 def _n(row: Mapping[str, object], key: str) -> int | None:

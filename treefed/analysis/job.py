@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import csv
 import glob
+import json
 import os
 import sys
 import time
@@ -79,6 +80,7 @@ __all__ = [
     "Tables",
     "event_schema",
     "event_files",
+    "parquet_parts",
     "read_events",
     "read_summaries",
     "line_counts",
@@ -217,15 +219,54 @@ def _run_of(file_path: Column) -> Column:
     return F.regexp_extract(file_path, r"([^/]+)/[^/]+$", 1)
 
 
-def read_events(spark: SparkSession, paths: list[str]) -> DataFrame:
+def parquet_parts(path: str) -> list[str] | None:
+    """The Parquet parts a local run directory's summary.json lists (parquet_parts.py),
+    when it lists some and every one exists; else None: the run is read from its JSON
+    lines (an older run, a run made with ``parquet=False``, a remote directory)."""
+    if _has_scheme(path) or not os.path.isdir(path):
+        return None
+    try:
+        with open(os.path.join(path, "summary.json"), encoding="utf-8") as f:
+            listed = json.load(f).get("parquet_parts")
+        files = [os.path.join(path, str(p["file"])) for p in listed or ()]
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        return None
+    return files if files and all(os.path.isfile(f) for f in files) else None
+
+
+def _parquet_schema() -> T.StructType:
+    return T.StructType([T.StructField(name, _SPARK_TYPES[kind])
+                         for name, kind in schema.FIELD_TYPES.items()])
+
+
+def read_events(spark: SparkSession, paths: list[str], *,
+                json_only: frozenset[str] = frozenset()) -> DataFrame:
     """Every line of the runs' event logs, typed, with ``run`` = its run directory name.
 
-    Unparseable lines are kept with ``_corrupt_record`` set (see ``line_counts``)."""
-    frame = (spark.read.schema(event_schema())
-             .option("mode", "PERMISSIVE")
-             .option("columnNameOfCorruptRecord", CORRUPT)
-             .json(event_files(paths)))
-    return frame.withColumn("run", _run_of(F.col("_metadata.file_path")))
+    A run directory with Parquet parts (``parquet_parts``) is read from them -- typed
+    columns, nothing to decode -- unless it is in ``json_only``; the others from their
+    JSON lines, where unparseable lines are kept with ``_corrupt_record`` set (see
+    ``line_counts``).  Both give the same rows: the runner writes one from the other."""
+    parquet: list[str] = []
+    text: list[str] = []
+    for path in paths:
+        parts = None if path in json_only else parquet_parts(path)
+        if parts is None:
+            text.append(path)
+        else:
+            parquet.extend(parts)
+    frames = []
+    if text:
+        frames.append(spark.read.schema(event_schema())
+                      .option("mode", "PERMISSIVE")
+                      .option("columnNameOfCorruptRecord", CORRUPT)
+                      .json(event_files(text)))
+    if parquet:
+        frames.append(spark.read.schema(_parquet_schema()).parquet(*parquet)
+                      .withColumn(CORRUPT, F.lit(None).cast("string")))
+    # the run column from each file source, before a union hides its _metadata
+    frames = [f.withColumn("run", _run_of(F.col("_metadata.file_path"))) for f in frames]
+    return frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
 
 
 def read_summaries(spark: SparkSession, paths: list[str]) -> DataFrame:
@@ -652,6 +693,21 @@ class Tables:
 DISK_CACHE_BYTES = 128 * 2**20
 
 
+#: All-Parquet sets up to this many rows are cached in memory (869,490 rows: 1.6x faster
+#: than uncached); above it they are re-read per stage (6.1 million cached: out of heap
+#: at 1 GB, the heap make run gives the driver).
+PARQUET_CACHE_ROWS = 2_000_000
+
+
+def _parquet_rows(paths: list[str]) -> int:
+    """Rows the runs' summary.json files list for their Parquet parts."""
+    total = 0
+    for path in paths:
+        with open(os.path.join(path, "summary.json"), encoding="utf-8") as f:
+            total += sum(int(p["rows"]) for p in json.load(f).get("parquet_parts") or ())
+    return total
+
+
 def log_bytes(paths: list[str]) -> int | None:
     """Bytes of the runs' local event logs; None when some are remote (URIs)."""
     if any(_has_scheme(p) for p in paths):
@@ -667,13 +723,20 @@ def cache_level(paths: list[str]) -> StorageLevel:
     return StorageLevel.MEMORY_AND_DISK
 
 
-def compute(spark: SparkSession, paths: list[str]) -> Tables:
-    """Wire the stages for the given run directories."""
+def compute(spark: SparkSession, paths: list[str], *,
+            json_only: frozenset[str] = frozenset()) -> Tables:
+    """Wire the stages for the given run directories (``json_only``: read from their JSON
+    lines even if they have Parquet parts)."""
     # Only the columns the metrics read are parsed and kept (link, peer, hops... are
     # half a log line), persisted so the JSON is decoded once, not once per metric, and
     # every stage sees the same corrupt-line verdict.
-    parsed = (read_events(spark, paths).select(*USED_COLUMNS)
-              .persist(cache_level(paths)))
+    parsed = read_events(spark, paths, json_only=json_only).select(*USED_COLUMNS)
+    if any(p in json_only or parquet_parts(p) is None for p in paths):
+        parsed = parsed.persist(cache_level(paths))
+    elif _parquet_rows(paths) <= PARQUET_CACHE_ROWS:
+        parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+    # else: many rows, all Parquet -- typed columns read again per stage: caching the 6.1
+    # million rows of the 4x5..4x250 sweep ran a 1 GB driver out of heap
     events = valid_events(parsed)
     # Small (distinct broker x destination) and joined by both advisory and demand metrics.
     interested = interest(events).persist(StorageLevel.MEMORY_AND_DISK)
@@ -779,6 +842,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"treefed report: {e}", file=sys.stderr)
         return 2
     early = {Path(r).name: p for r in args.runs if (p := integrity.summary_problems(r))}
+    # Parquet parts that are not the whole log: refused, or (--allow-partial) that run is
+    # read from its JSON lines and flagged.
+    bad_parts = {r: p for r in args.runs if (p := integrity.parquet_problems(r))}
+    for r, said in bad_parts.items():
+        early.setdefault(Path(r).name, []).extend(said)
     if early and not args.allow_partial:
         _refuse(early)
         return 2
@@ -797,10 +865,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         job_started = time.perf_counter()
         progress.__enter__()
-        tables = compute(spark, args.runs)
+        tables = compute(spark, args.runs, json_only=frozenset(bad_parts))
         runs = [r.asDict() for r in tables.runs.collect()]
         role_rows = tables.per_role.collect()
         verdict = {r["run"]: p for r in runs if (p := integrity.run_problems(r))}
+        for r, said in bad_parts.items():
+            verdict.setdefault(Path(r).name, []).extend(said)
         for r in runs:
             r["problems"] = "; ".join(verdict.get(r["run"], ())) or None
         if verdict and not args.allow_partial:

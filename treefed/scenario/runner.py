@@ -9,6 +9,9 @@ then for each mode creates ``OUT/<run-id>/`` and runs the chosen engine into it:
 * ``events.jsonl.gz`` -- every event, through ``log.EventWriter`` (gzip); a run of more
   than ``LOG_PART_LINES`` lines goes on in ``events.part-0001.jsonl.gz``, ... (gzip cannot
   be split, so Spark reads one file on one core: parts let it use them all);
+* ``events.part-NNNN.parquet`` -- the same events as Parquet parts in the events.py
+  schema (parquet_parts.py; ``parquet=False`` leaves them out), which the Spark job reads
+  instead of the JSON lines; summary.json lists each part with its rows;
 * ``scenario.toml``   -- the scenario resolved to this run: defaults explicit, globs,
   templates and consumer names as planned, only this run's mode, so the file re-runs
   exactly this run;
@@ -35,6 +38,7 @@ from typing import Any, Callable, Iterable
 from treefed.errors import ConfigError
 from treefed.log import EventWriter
 from treefed.scenario.engines import engine_class
+from treefed.scenario.parquet_parts import ParquetParts
 from treefed.scenario.results import Recorder
 from treefed.scenario.spec import ACTIONS, Mode, Scenario, load_scenario
 from treefed.scenario.workload import Plan, build_plan
@@ -68,7 +72,7 @@ def peak_rss_mb(*, children: bool = False) -> float:
 def run_scenario(path_or_spec: str | Path | Scenario, *, engine: str = "replay",
                  out: str | Path = "runs", modes: Iterable[str] | None = None,
                  progress: Callable[[str, dict], None] | None = None,
-                 **engine_options: Any) -> list[RunResult]:
+                 parquet: bool = True, **engine_options: Any) -> list[RunResult]:
     """Run ``modes`` (default: all) of a scenario; one RunResult per mode, in order.
 
     Raises ConfigError for a bad scenario file or an unknown mode label, ValueError for an
@@ -78,7 +82,8 @@ def run_scenario(path_or_spec: str | Path | Scenario, *, engine: str = "replay",
     cls = engine_class(engine)
     chosen = select_modes(scenario, modes)
     plan = build_plan(scenario)
-    return [run_mode(plan, mode, cls, engine, Path(out), progress=progress, **engine_options)
+    return [run_mode(plan, mode, cls, engine, Path(out), progress=progress, parquet=parquet,
+                     **engine_options)
             for mode in chosen]
 
 
@@ -98,12 +103,14 @@ def select_modes(scenario: Scenario, labels: Iterable[str] | None) -> list[Mode]
 
 def run_mode(plan: Plan, mode: Mode, cls: Any, engine: str, out: Path, *,
              progress: Callable[[str, dict], None] | None = None,
-             **engine_options: Any) -> RunResult:
+             parquet: bool = True, **engine_options: Any) -> RunResult:
     """Run one mode of ``plan`` with engine class ``cls`` into a new run directory."""
     run_id, path = _run_dir(out, plan.scenario.name, mode.label, engine)
     (path / "scenario.toml").write_text(scenario_toml(plan.scenario, mode), encoding="utf-8")
     started = time.perf_counter()
-    writer = EventWriter(path / "events.jsonl.gz", run=run_id, part_lines=LOG_PART_LINES)
+    parts = ParquetParts(path, part_lines=LOG_PART_LINES) if parquet else None
+    writer = EventWriter(path / "events.jsonl.gz", run=run_id, part_lines=LOG_PART_LINES,
+                         tee=parts)
     try:
         recorder = Recorder(plan, writer)
         report = None if progress is None else (lambda info: progress(mode.label, info))
@@ -132,6 +139,10 @@ def run_mode(plan: Plan, mode: Mode, cls: Any, engine: str, out: Path, *,
     }
     summary["events"] = events = sum(recorder.counts.values())   # run.finished included
     summary["events_per_s"] = round(events / wall) if wall > 0 else 0
+    if parts is not None and parts.error is None:
+        summary["parquet_parts"] = [{"file": name, "rows": rows} for name, rows in parts.parts]
+    elif parts is not None:
+        summary["parquet_error"] = parts.error    # the job reads the JSON lines
     (path / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n",
                                        encoding="utf-8")
     deliveries = recorder.delivery_map()

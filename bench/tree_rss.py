@@ -1,0 +1,92 @@
+"""Peak memory of a whole process tree: ``python bench/tree_rss.py [--every S] -- CMD ...``.
+
+Runs CMD and samples, every ``--every`` seconds (default 0.5), the resident set size of
+CMD and all its descendants from /proc (the Spark JVM and any child Python included;
+psutil is not needed).  At the end prints ONE JSON line:
+
+  {"bench": "tree_rss", "cmd": [...], "rc": 0, "wall_s": ..., "peak_mib": ...,
+   "peak_at_s": ..., "peak_processes": [[pid, "comm", mib], ...], "load": [1, 5, 15]}
+
+``peak_processes`` is the tree at the peak sample, largest first: where the memory is.
+CMD's own output goes through unchanged.  Used for issue 13's "make run <= 2 GiB".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def tree(root: int) -> list[tuple[int, str, int]]:
+    """(pid, comm, resident bytes) of ``root`` and every descendant."""
+    children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        close = stat.rindex(b")")
+        pid = int(entry)
+        names[pid] = stat[stat.index(b"(") + 1:close].decode(errors="replace")
+        children.setdefault(int(stat[close + 2:].split()[1]), []).append(pid)
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            with open(f"/proc/{pid}/statm") as fh:
+                out.append((pid, names.get(pid, "?"), int(fh.read().split()[1]) * PAGE))
+        except OSError:
+            pass
+    return out
+
+
+def main(argv: list[str]) -> int:
+    every = 0.5
+    if argv[:1] == ["--every"]:
+        every, argv = float(argv[1]), argv[2:]
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv)
+    peak: list = [0, 0.0, []]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            now = tree(proc.pid)
+            total = sum(b for _, _, b in now)
+            if total > peak[0]:
+                peak[:] = [total, time.perf_counter() - started, now]
+            done.wait(every)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    rc = proc.wait()
+    done.set()
+    sampler.join()
+    print(json.dumps({
+        "bench": "tree_rss", "cmd": argv, "rc": rc,
+        "wall_s": round(time.perf_counter() - started, 1),
+        "peak_mib": round(peak[0] / 2**20, 1), "peak_at_s": round(peak[1], 1),
+        "peak_processes": [[p, n, round(b / 2**20, 1)]
+                           for p, n, b in sorted(peak[2], key=lambda x: -x[2])],
+        "load": os.getloadavg()}), flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,114 @@
+"""The runner's Parquet parts (scenario/parquet_parts.py): the events.py schema, the same
+rows as the JSON lines, row counts in summary.json, and what makes a part not whole."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from treefed import events
+from treefed.scenario.parquet_parts import arrow_schema, parquet_problems
+from treefed.scenario.runner import run_scenario
+
+SMALL = Path(__file__).resolve().parents[2] / "scenarios" / "retail-small.toml"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    (r,) = run_scenario(SMALL, out=tmp_path_factory.mktemp("runs"), modes=["mesh-ttl2"])
+    return r
+
+
+def _json_lines(r) -> list[dict]:
+    rows = []
+    for name in r.summary["log_files"]:
+        with gzip.open(r.path / name, "rt") as f:
+            rows += [json.loads(line) for line in f]
+    return rows
+
+
+def test_schema_is_the_events_schema(run):
+    (part,) = run.summary["parquet_parts"]
+    schema = pq.read_schema(run.path / part["file"])
+    assert schema.names == list(events.FIELD_TYPES)
+    kinds = {"string": "string", "long": "int64", "double": "double", "boolean": "bool"}
+    assert [str(f.type) for f in schema] == [kinds[k] for k in events.FIELD_TYPES.values()]
+    assert schema.equals(arrow_schema())
+
+
+def test_same_rows_as_the_json_lines(run):
+    """Every line, in order, each field the same value (absent = null)."""
+    (part,) = run.summary["parquet_parts"]
+    table = pq.read_table(run.path / part["file"])
+    assert part["rows"] == table.num_rows == run.summary["events"]
+    wanted = [{f: line.get(f) for f in events.FIELD_TYPES} for line in _json_lines(run)]
+    assert table.to_pylist() == wanted
+    assert not parquet_problems(run.path, run.summary)
+
+
+def test_parts_roll_like_the_json_parts(tmp_path, monkeypatch):
+    from treefed.log import EventWriter
+    from treefed.scenario import parquet_parts, runner
+
+    monkeypatch.setattr(runner, "LOG_PART_LINES", 300)
+    monkeypatch.setattr(runner, "EventWriter", functools.partial(EventWriter, buffer_lines=100))
+    monkeypatch.setattr(runner, "ParquetParts",
+                        functools.partial(parquet_parts.ParquetParts, row_group_lines=150))
+    (r,) = run_scenario(SMALL, out=tmp_path, modes=["mesh-ttl2"])
+    parts = r.summary["parquet_parts"]
+    assert [p["file"] for p in parts] == [f"events.part-{i:04d}.parquet"
+                                          for i in range(len(parts))]
+    assert len(parts) >= 2 and all(p["rows"] < 300 + 250 for p in parts) and sum(p["rows"] for p in parts) == r.summary["events"]
+    rows = [row for p in parts for row in pq.read_table(r.path / p["file"]).to_pylist()]
+    assert [row["ts"] for row in rows] == [line["ts"] for line in _json_lines(r)]
+    assert rows[-1]["event"] == "run.finished"
+
+
+def test_parquet_false_writes_none(tmp_path):
+    (r,) = run_scenario(SMALL, out=tmp_path, modes=["tree"], parquet=False)
+    assert "parquet_parts" not in r.summary
+    assert not list(r.path.glob("*.parquet"))
+
+
+class TestProblems:
+    def _copy(self, run, tmp_path) -> tuple[Path, dict]:
+        import shutil
+
+        copy = tmp_path / run.path.name
+        shutil.copytree(run.path, copy)
+        return copy, json.loads((copy / "summary.json").read_text())
+
+    def test_truncated_part(self, run, tmp_path):
+        copy, summary = self._copy(run, tmp_path)
+        part = copy / summary["parquet_parts"][0]["file"]
+        data = part.read_bytes()
+        part.write_bytes(data[: len(data) // 2])
+        (said,) = parquet_problems(copy, summary)
+        assert "events.part-0000.parquet is unreadable" in said
+
+    def test_missing_part(self, run, tmp_path):
+        copy, summary = self._copy(run, tmp_path)
+        (copy / summary["parquet_parts"][0]["file"]).unlink()
+        assert parquet_problems(copy, summary) == ["Parquet part events.part-0000.parquet "
+                                                   "is missing"]
+
+    def test_rows_other_than_listed_or_counted(self, run, tmp_path):
+        copy, summary = self._copy(run, tmp_path)
+        n = summary["parquet_parts"][0]["rows"]
+        summary["parquet_parts"][0]["rows"] = n + 1
+        (said,) = parquet_problems(copy, summary)
+        assert f"holds {n:,} rows, summary.json lists {n + 1:,}" in said
+        summary["parquet_parts"][0]["rows"] = n
+        summary["events"] = n + 5
+        (said,) = parquet_problems(copy, summary)
+        assert f"hold {n:,} rows, summary.json counts {n + 5:,} events" in said
+
+    def test_none_listed_is_no_problem(self, run, tmp_path):
+        copy, summary = self._copy(run, tmp_path)
+        del summary["parquet_parts"]
+        assert parquet_problems(copy, summary) == []
