@@ -126,7 +126,6 @@ from treefed.persistence import MemoryStore
 from treefed.node.login import LoginGate
 from treefed.security.guard import Guard
 from treefed.transport.backoff import backoff_for
-from treefed.node.stomp_conn import StompStream
 from treefed.transport.framed import FramedStream
 from treefed.transport.streams import connect_with_retry, open_tcp, peer_address, serve_tcp
 from treefed.transport.tls import peer_identity, serve_tls
@@ -537,7 +536,10 @@ class BrokerNode:
     async def _run_conn(self, stream: trio.abc.Stream, dialer: Dialer | None,
                         protocol: str = "treefed") -> None:
         remote = peer_address(stream) or "?"
-        framed_cls = StompStream if protocol == "stomp" else FramedStream
+        if protocol == "stomp":   # imported when used: idle broker RSS (issue #14)
+            from treefed.node.stomp_conn import StompStream as framed_cls
+        else:
+            framed_cls = FramedStream
         c = _Conn(self._new_id(), framed_cls(stream, self.config.broker.max_frame_bytes),
                   remote, dialer)
         if dialer is not None:
