@@ -601,7 +601,10 @@ class BrokerNode:
                 frames = await framed.receive_frames()
                 c.last_rx = trio.current_time()
                 self._inbox_bytes += _body_bytes(frames)
-                await inbox.send((c, frames))
+                try:    # room in the inbox (the usual case): no extra scheduler pass
+                    inbox.send_nowait((c, frames))     # (issue #14, latency)
+                except trio.WouldBlock:
+                    await inbox.send((c, frames))
         except FrameError as exc:
             await inbox.send((c, exc))
         except (trio.EndOfChannel, *_SOCKET_ERRORS):
@@ -790,12 +793,19 @@ class BrokerNode:
                     batch.append(inbox.receive_nowait())
             except trio.WouldBlock:
                 pass
-            async with self._batch_lock:
-                try:
-                    await self._handle_batch(batch, deadline)
-                except Exception as exc:   # last resort: log it, keep serving (#12)
-                    self.log.error("site.batch_failed", error=repr(exc), exc_info=exc,
-                                   conns=sorted({c.id for c, _ in batch}))
+            # uncontended (the usual case) without ``await acquire()``: its checkpoint
+            # would cost every batch a pass through the scheduler (issue #14, latency)
+            try:
+                self._batch_lock.acquire_nowait()
+            except trio.WouldBlock:
+                await self._batch_lock.acquire()
+            try:
+                await self._handle_batch(batch, deadline)
+            except Exception as exc:   # last resort: log it, keep serving (#12)
+                self.log.error("site.batch_failed", error=repr(exc), exc_info=exc,
+                               conns=sorted({c.id for c, _ in batch}))
+            finally:
+                self._batch_lock.release()
 
     async def _handle_batch(self, batch: list, deadline: float | None) -> None:
         """Feed one batch to the Site, then perform all it asked for (one commit)."""
