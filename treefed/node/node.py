@@ -10,7 +10,11 @@ has a reader task and a writer task:
   pushes ``(conn, frames)`` into one bounded memory channel, the *inbox*; a full inbox
   stops the readers, so TCP pushes back on producers instead of memory growing;
 * the writer sleeps until its connection's outgoing list is non-empty, then encodes the
-  whole list and writes it with ONE ``send_all``.
+  whole list and writes it with ONE ``send_all``.  While the writer is idle, the site
+  task writes a plain TCP connection's list itself, with one non-blocking write at the
+  end of the batch, and leaves the writer only what the socket did not take
+  (``_send_now``, issue #14: a lone message crosses a broker in two task steps, reader
+  and site task, not three).
 
 The site task awaits the inbox once, then takes whatever else is already there without
 waiting — that is the *batch*.  It feeds each frame to the Site and performs the returned
