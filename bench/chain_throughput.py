@@ -393,7 +393,7 @@ async def chain_round(root: Path, mode: str, args: argparse.Namespace, rnd: int)
         # idle = after the broker's idle trim (node/trim.py: IDLE_TRIM_S without a batch)
         from treefed.node.trim import IDLE_TRIM_S
 
-        await trio.sleep(IDLE_TRIM_S + 1.5)
+        await trio.sleep(2 * IDLE_TRIM_S + 1.5)   # a trim comes 1-2 intervals after the last batch
         idle = chain.rss()
         out: dict = {"rss_idle_mib": idle}
         async with connect(chain.uri("store1"), client_id="bench-consumer") as cons, \
@@ -416,7 +416,7 @@ async def chain_round(root: Path, mode: str, args: argparse.Namespace, rnd: int)
                 out[kind] = await _phase(chain, prod, sub, n, kind, f"{kind}{rnd}")
                 await trio.sleep(0.5)
         out["rss_after_mib"] = chain.rss()
-        await trio.sleep(IDLE_TRIM_S + 1.5)
+        await trio.sleep(2 * IDLE_TRIM_S + 1.5)   # a trim comes 1-2 intervals after the last batch
         out["rss_settled_mib"] = chain.rss()    # idle again, after the trim
         return out
     finally:
