@@ -635,7 +635,7 @@ class BrokerNode:
             while True:
                 await c.wake.wait()
                 c.wake = trio.Event()
-                if c.out:
+                if c.out or getattr(framed, "pending", None):   # pending: see _perform
                     frames, c.out = c.out, []
                     c.out_bytes = 0
                     await framed.send_frames(frames)
@@ -761,12 +761,19 @@ class BrokerNode:
                     batch.append(inbox.receive_nowait())
             except trio.WouldBlock:
                 pass
-            async with self._batch_lock:
-                try:
-                    await self._handle_batch(batch, deadline)
-                except Exception as exc:   # last resort: log it, keep serving (#12)
-                    self.log.error("site.batch_failed", error=repr(exc), exc_info=exc,
-                                   conns=sorted({c.id for c, _ in batch}))
+            # a free lock is taken without the scheduler pass ``acquire`` always costs
+            # (one per batch: a lone message's batch is all passes, issue #14)
+            try:
+                self._batch_lock.acquire_nowait()
+            except trio.WouldBlock:
+                await self._batch_lock.acquire()
+            try:
+                await self._handle_batch(batch, deadline)
+            except Exception as exc:   # last resort: log it, keep serving (#12)
+                self.log.error("site.batch_failed", error=repr(exc), exc_info=exc,
+                               conns=sorted({c.id for c, _ in batch}))
+            finally:
+                self._batch_lock.release()
 
     async def _handle_batch(self, batch: list, deadline: float | None) -> None:
         """Feed one batch to the Site, then perform all it asked for (one commit)."""
@@ -1052,6 +1059,7 @@ class BrokerNode:
         """Do what the Site asked, committing the batch's store work before any Out."""
         conns = self._conns
         pending_cap = self.config.broker.max_pending_bytes_per_connection
+        touched: dict = {}   # connections that got frames, in order
         while actions:
             stores: list = []
             deletes: list = []
@@ -1115,15 +1123,30 @@ class BrokerNode:
                                                        "queued: the connection does not "
                                                        "keep up"))
                         self._forget(c, now, more)
-                    c.wake.set()
+                    touched[c] = None
                 else:
                     if a.error is not None:
                         c.out.append(a.error)
                     self._forget(c, now, more)
             actions = more
+        for c in touched:   # written now when possible: no writer wake-up (issue #14)
+            if c.out and (c.closing or not self._write_now(c)):
+                c.wake.set()
         if self._threaded_store and self._checkpoint_due():
             # the receipts are queued: the writers send them while the WAL is copied
             await _in_thread(self.store.checkpoint)
+
+    @staticmethod
+    def _write_now(c: _Conn) -> bool:
+        """Write ``c.out`` from this task when the socket takes it at once
+        (``FramedStream.send_now``: plain TCP, writer idle); False: wake the writer
+        (it sends the frames, or what the kernel did not take of them)."""
+        send_now = getattr(c.framed, "send_now", None)   # STOMP: its own encoder
+        if send_now is None or not send_now(c.out):
+            return False
+        c.out = []
+        c.out_bytes = 0
+        return not c.framed.pending
 
     def _checkpoint_due(self) -> bool:
         due = getattr(self.store, "checkpoint_due", None)
