@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1]))   # PYTHONPATH first
 
 from treefed.core.message import Message  # noqa: E402
 from treefed.persistence import SqliteStore  # noqa: E402
