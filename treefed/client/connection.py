@@ -9,7 +9,9 @@ Application calls never touch the socket:
 
 * sends, acks and subscribes append frames to one outgoing list and wake the writer,
   which encodes everything queued (``encode_many``) and makes ONE ``send_all`` — a
-  producer loop costs one syscall per batch, not per message;
+  producer loop costs one syscall per batch, not per message; a synchronous persistent
+  send (it waits for its receipt anyway) writes its frame itself when the writer is idle
+  (``FramedStream.send_now``), a task hop less per round trip (issue #14);
 * the reader decodes every frame of each received chunk and routes it: ``Deliver`` to
   its Subscription's queue, ``Receipt`` / ``Error(ref)`` to the request waiting for it,
   ``StatReply`` to the FIFO of stat waiters, replies to ``request()`` by correlation id.

@@ -10,7 +10,10 @@ has a reader task and a writer task:
   pushes ``(conn, frames)`` into one bounded memory channel, the *inbox*; a full inbox
   stops the readers, so TCP pushes back on producers instead of memory growing;
 * the writer sleeps until its connection's outgoing list is non-empty, then encodes the
-  whole list and writes it with ONE ``send_all``.
+  whole list and writes it with ONE ``send_all``.  After a batch the site task first
+  tries to write each list itself (``FramedStream.send_now``: plain TCP, writer idle,
+  the socket takes it at once), so a lone receipt costs no writer wake-up (issue #14);
+  the writer sends whatever that could not.
 
 The site task awaits the inbox once, then takes whatever else is already there without
 waiting — that is the *batch*.  It feeds each frame to the Site and performs the returned
