@@ -15,6 +15,10 @@ store (prefetch 1000, one ack per message, merged by the client):
 * per broker: RSS at idle (once the broker's idle trim ran), right after the run and
   settled (idle again, trimmed) (VmRSS), and CPU µs per message of each phase
   (utime + stime from /proc);
+* ``disk_floor`` — the disk's own floor in the same run and directory
+  (``bench/disk_floor.py``: ``fdatasync`` and one ``SqliteStore`` commit, before and
+  after the rounds): a persistent message one at a time through three stores waits for
+  at least HQ's commit before its receipt, and every hop commits it again;
 * ``relay`` — the same-run baseline: three bare relay processes (decode every frame,
   re-encode it, batch per read) between the same producer and consumer, non-persistent
   throughput and latency at 1,000 msgs/s over the same three hops.
@@ -51,6 +55,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(1, str(REPO / "bench"))
+
+import disk_floor  # noqa: E402  (bench/disk_floor.py)
 
 BODY = b"x" * 100
 DEST = "queue://Store1.Incoming"
@@ -491,7 +498,10 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="treefed-chain-"))
     relay: list[dict] = []
     rounds: dict[str, list[dict]] = {m: [] for m in modes}
+    floors: list[dict] = []
     try:
+        # the disk's own floor where the brokers' data dirs are, before and after
+        floors.append(disk_floor.measure(str(root), 300))
         for rnd in range(max(1, args.rounds)):
             order = ["relay", *modes]
             order = order[rnd % len(order):] + order[:rnd % len(order)]
@@ -500,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
                     relay.append(trio.run(relay_round, ctx, args.count, args.latency_count))
                 else:
                     rounds[what].append(trio.run(chain_round, root, what, args, rnd))
+        floors.append(disk_floor.measure(str(root), 300))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     figures = {
@@ -512,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "activemq": ACTIVEMQ,
         "targets": TARGETS,
+        "disk_floor": disk_floor.combine(floors),
         "summary": _summary(rounds, relay),
         "rounds": {"relay": relay, **rounds},
     }

@@ -10,11 +10,10 @@ has a reader task and a writer task:
   pushes ``(conn, frames)`` into one bounded memory channel, the *inbox*; a full inbox
   stops the readers, so TCP pushes back on producers instead of memory growing;
 * the writer sleeps until its connection's outgoing list is non-empty, then encodes the
-  whole list and writes it with ONE ``send_all``.  While the writer is idle, the site
-  task writes a plain TCP connection's list itself, with one non-blocking write at the
-  end of the batch, and leaves the writer only what the socket did not take
-  (``_send_now``, issue #14: a lone message crosses a broker in two task steps, reader
-  and site task, not three).
+  whole list and writes it with ONE ``send_all``.  After a batch the site task first
+  tries to write each list itself (``FramedStream.send_now``: plain TCP, writer idle,
+  the socket takes it at once), so a lone receipt costs no writer wake-up (issue #14);
+  the writer sends whatever that could not.
 
 The site task awaits the inbox once, then takes whatever else is already there without
 waiting — that is the *batch*.  It feeds each frame to the Site and performs the returned
@@ -106,7 +105,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
-import os
 import random
 import secrets
 import time
@@ -137,7 +135,7 @@ from treefed.transport.tls import peer_identity, serve_tls
 from treefed.transport.uri import Endpoint, Failover, Static, parse_uri
 from treefed.node import stat_pages
 from treefed.security.guard import STAT_REF
-from treefed.wire.codec import check_hello, encode, encode_many
+from treefed.wire.codec import check_hello, encode
 from treefed.wire.ids import SCOPE_SEP, destination_scope, original, producer_scope
 from treefed.wire.frames import (PROTOCOL_VERSION, Admin, Bye, Deliver, Error, Forward,
                                  ForwardAck, Hello, Ping, Pong, Receipt, Send, StatReply,
@@ -249,7 +247,7 @@ class _Conn:
     __slots__ = ("id", "kind", "framed", "out", "wake", "high_water", "paused", "resume",
                  "closing", "dead", "writer_done", "hello", "dialer", "peer",
                  "remote", "opened", "last_rx", "pinged", "user", "guard", "scope", "rtt",
-                 "out_bytes", "producer", "scopes", "busy", "raw", "sock")
+                 "out_bytes", "producer", "scopes")
 
     def __init__(self, conn_id: str, framed: FramedStream, remote: str,
                  dialer: Dialer | None) -> None:
@@ -280,13 +278,6 @@ class _Conn:
         self.producer: str | None = None    # a client's producer scope: appended to the
         #                                     ids it sends (wire/ids.py, issue #12)
         self.scopes: dict[str, str] = {}    # destination text -> its scope (a cache)
-        # issue #14, latency: the site task writes ``out`` itself while the writer is idle
-        # (``BrokerNode._send_now``); ``raw`` is what the socket did not take then
-        self.busy = False                   # the writer is inside a send
-        self.raw = b""                      # encoded bytes the writer sends before ``out``
-        stream = framed.stream
-        self.sock = stream if (type(framed) is FramedStream
-                               and type(stream) is trio.SocketStream) else None
 
     def queue(self, frame: Any) -> None:
         self.out.append(frame)
@@ -654,21 +645,10 @@ class BrokerNode:
             while True:
                 await c.wake.wait()
                 c.wake = trio.Event()
-                if c.raw:
-                    data, c.raw = c.raw, b""
-                    c.busy = True
-                    try:
-                        await framed.stream.send_all(data)
-                    finally:
-                        c.busy = False
-                if c.out:
+                if c.out or getattr(framed, "pending", None):   # pending: see _perform
                     frames, c.out = c.out, []
                     c.out_bytes = 0
-                    c.busy = True
-                    try:
-                        await framed.send_frames(frames)
-                    finally:
-                        c.busy = False
+                    await framed.send_frames(frames)
                     if c.out:
                         continue
                 if c.closing:
@@ -797,8 +777,8 @@ class BrokerNode:
                     batch.append(inbox.receive_nowait())
             except trio.WouldBlock:
                 pass
-            # uncontended (the usual case) without ``await acquire()``: its checkpoint
-            # would cost every batch a pass through the scheduler (issue #14, latency)
+            # a free lock is taken without the scheduler pass ``acquire`` always costs
+            # (one per batch: a lone message's batch is all passes, issue #14)
             try:
                 self._batch_lock.acquire_nowait()
             except trio.WouldBlock:
@@ -1095,6 +1075,7 @@ class BrokerNode:
         """Do what the Site asked, committing the batch's store work before any Out."""
         conns = self._conns
         pending_cap = self.config.broker.max_pending_bytes_per_connection
+        touched: dict = {}   # connections that got frames, in order
         while actions:
             stores: list = []
             deletes: list = []
@@ -1134,7 +1115,6 @@ class BrokerNode:
             more: list = []
             if refused is not None:
                 deferred = self._take_back(refused, stores, deferred, now, more)
-            ready: list = []    # connections given frames: written after the loop
             for a in deferred:
                 c = conns.get(a.conn)
                 if c is None or c.closing:
@@ -1159,50 +1139,30 @@ class BrokerNode:
                                                        "queued: the connection does not "
                                                        "keep up"))
                         self._forget(c, now, more)
-                    ready.append(c)
+                    touched[c] = None
                 else:
                     if a.error is not None:
                         c.out.append(a.error)
                     self._forget(c, now, more)
-            for c in ready:
-                self._send_now(c)
             actions = more
+        for c in touched:   # written now when possible: no writer wake-up (issue #14)
+            if c.out and (c.closing or not self._write_now(c)):
+                c.wake.set()
         if self._threaded_store and self._checkpoint_due():
             # the receipts are queued: the writers send them while the WAL is copied
             await _in_thread(self.store.checkpoint)
 
     @staticmethod
-    def _send_now(c: _Conn) -> None:
-        """Write ``c.out`` to the socket from the site task when the connection's writer
-        is idle, instead of waking the writer (issue #14: one task switch and one
-        scheduler pass less per hop, so a lone message does not wait for them).  Only a
-        plain TCP treefed connection; the socket is non-blocking, so this never waits:
-        what it does not take at once goes to ``c.raw`` and the writer sends it first.
-        Whenever the writer is busy, ``raw`` is pending, the connection is closing or
-        the write fails, the writer is woken as before (and meets the error itself)."""
-        if not c.out:
-            return
-        sock = c.sock
-        if c.busy or c.raw or c.closing or sock is None:
-            c.wake.set()
-            return
-        fd = sock.socket.fileno()
-        if fd < 0:
-            c.wake.set()
-            return
-        try:
-            data = encode_many(c.out)
-            sent = os.write(fd, data)
-        except BlockingIOError:
-            sent = 0
-        except Exception:       # noqa: BLE001 - the writer reports it as before
-            c.wake.set()
-            return
+    def _write_now(c: _Conn) -> bool:
+        """Write ``c.out`` from this task when the socket takes it at once
+        (``FramedStream.send_now``: plain TCP, writer idle); False: wake the writer
+        (it sends the frames, or what the kernel did not take of them)."""
+        send_now = getattr(c.framed, "send_now", None)   # STOMP: its own encoder
+        if send_now is None or not send_now(c.out):
+            return False
         c.out = []
         c.out_bytes = 0
-        if sent < len(data):
-            c.raw = data[sent:]
-            c.wake.set()
+        return not c.framed.pending
 
     def _checkpoint_due(self) -> bool:
         due = getattr(self.store, "checkpoint_due", None)
