@@ -9,7 +9,9 @@ Application calls never touch the socket:
 
 * sends, acks and subscribes append frames to one outgoing list and wake the writer,
   which encodes everything queued (``encode_many``) and makes ONE ``send_all`` — a
-  producer loop costs one syscall per batch, not per message;
+  producer loop costs one syscall per batch, not per message; a synchronous persistent
+  send (it waits for its receipt anyway) writes its frame itself when the writer is idle
+  (``FramedStream.send_now``), a task hop less per round trip (issue #14);
 * the reader decodes every frame of each received chunk and routes it: ``Deliver`` to
   its Subscription's queue, ``Receipt`` / ``Error(ref)`` to the request waiting for it,
   ``StatReply`` to the FIFO of stat waiters, replies to ``request()`` by correlation id.
@@ -492,10 +494,15 @@ class Connection:
                 else:
                     break
             out = self._out
+        wait = persistent and confirm is not False
         msg_id = self._send_frame(dst, body, headers, persistent, priority, ttl, reply_to,
-                                  msg_id)
-        if persistent and confirm is not False:
+                                  msg_id, wake=not wait)
+        if wait:
             waiter = self._receipt_waiters[msg_id] = _Waiter()
+            # we wait for the receipt anyway: write the frame now, from this task, when
+            # the writer is idle -- no writer wake-up per synchronous send (issue #14)
+            if not self._write_now():
+                self._wake.set()
             await waiter.wait()
         elif not len(out) % _WRITE_BATCH:
             # Every 256 frames queued, let the writer take them.  Only then: while the
@@ -626,7 +633,8 @@ class Connection:
 
     async def flush(self) -> None:
         """Wait until every queued frame has been written to the socket."""
-        while self._out or self._writing:
+        while self._out or self._writing or (self._stream is not None
+                                              and self._stream.pending):
             self._check_open()
             await self._flushed.wait()
         await trio.lowlevel.checkpoint()
@@ -661,7 +669,7 @@ class Connection:
 
     def _send_frame(self, dst: str, body: bytes | str, headers: dict | None,
                     persistent: bool, priority: int, ttl: int, reply_to: str | None,
-                    msg_id: str | None) -> str:
+                    msg_id: str | None, wake: bool = True) -> str:
         if msg_id is None:
             self._seq += 1
             msg_id = f"{self._producer}:{self._seq}"
@@ -672,8 +680,19 @@ class Connection:
         if persistent:
             self._unconfirmed[msg_id] = frame
         self._out.append(frame)
-        self._wake.set()
+        if wake:
+            self._wake.set()
         return msg_id
+
+    def _write_now(self) -> bool:
+        """Write everything queued at once when the socket takes it without waiting
+        (``FramedStream.send_now``); False: the writer must be woken."""
+        stream = self._stream
+        if stream is None or self._writing or not self._ready.is_set() \
+                or not stream.send_now(self._out):
+            return False
+        self._out = []
+        return not stream.pending   # what the kernel did not take: the writer sends it
 
     def _fail(self, error: ConnectionClosed) -> None:
         """The connection is over for good: wake every waiter with ``error``."""
@@ -839,7 +858,7 @@ class Connection:
                 await self._wake.wait()
                 self._wake = trio.Event()
                 frames = self._out
-                if not frames:
+                if not frames and not framed.pending:   # pending: see _write_now
                     continue
                 self._out = []
                 if len(frames) >= self._high_water:

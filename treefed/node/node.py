@@ -10,7 +10,10 @@ has a reader task and a writer task:
   pushes ``(conn, frames)`` into one bounded memory channel, the *inbox*; a full inbox
   stops the readers, so TCP pushes back on producers instead of memory growing;
 * the writer sleeps until its connection's outgoing list is non-empty, then encodes the
-  whole list and writes it with ONE ``send_all``.
+  whole list and writes it with ONE ``send_all``.  After a batch the site task first
+  tries to write each list itself (``FramedStream.send_now``: plain TCP, writer idle,
+  the socket takes it at once), so a lone receipt costs no writer wake-up (issue #14);
+  the writer sends whatever that could not.
 
 The site task awaits the inbox once, then takes whatever else is already there without
 waiting — that is the *batch*.  It feeds each frame to the Site and performs the returned
@@ -126,7 +129,6 @@ from treefed.persistence import MemoryStore
 from treefed.node.login import LoginGate
 from treefed.security.guard import Guard
 from treefed.transport.backoff import backoff_for
-from treefed.node.stomp_conn import StompStream
 from treefed.transport.framed import FramedStream
 from treefed.transport.streams import connect_with_retry, open_tcp, peer_address, serve_tcp
 from treefed.transport.tls import peer_identity, serve_tls
@@ -405,6 +407,7 @@ class BrokerNode:
         self.commits = 0            # store transactions
         self.store_full = False     # the last commit found the store full: persistent
         #                             sends are refused at the door until store.room()
+        self._space_wanted = trio.Event()   # set with store_full: wakes _watch_space
         self._unsaved: tuple[list, list] = ([], [])  # deletes/consumed a full store refused
         self.commit_seconds = 1.0   # moving average of commit durations (starts "slow")
         self.inline_commits = 0     # commits run on the site task (stat, tests)
@@ -443,6 +446,7 @@ class BrokerNode:
                       consumed=len(consumed))
         if not self.store.room():
             self.store_full = True
+            self._space_wanted.set()
             self.log.warning("store.full", refused=0, at="start")
         return len(messages)
 
@@ -537,7 +541,10 @@ class BrokerNode:
     async def _run_conn(self, stream: trio.abc.Stream, dialer: Dialer | None,
                         protocol: str = "treefed") -> None:
         remote = peer_address(stream) or "?"
-        framed_cls = StompStream if protocol == "stomp" else FramedStream
+        if protocol == "stomp":   # imported when used: idle broker RSS (issue #14)
+            from treefed.node.stomp_conn import StompStream as framed_cls
+        else:
+            framed_cls = FramedStream
         c = _Conn(self._new_id(), framed_cls(stream, self.config.broker.max_frame_bytes),
                   remote, dialer)
         if dialer is not None:
@@ -589,7 +596,10 @@ class BrokerNode:
                 frames = await framed.receive_frames()
                 c.last_rx = trio.current_time()
                 self._inbox_bytes += _body_bytes(frames)
-                await inbox.send((c, frames))
+                try:    # room in the inbox (the usual case): no extra scheduler pass
+                    inbox.send_nowait((c, frames))     # (issue #14, latency)
+                except trio.WouldBlock:
+                    await inbox.send((c, frames))
         except FrameError as exc:
             await inbox.send((c, exc))
         except (trio.EndOfChannel, *_SOCKET_ERRORS):
@@ -635,7 +645,7 @@ class BrokerNode:
             while True:
                 await c.wake.wait()
                 c.wake = trio.Event()
-                if c.out:
+                if c.out or getattr(framed, "pending", None):   # pending: see _perform
                     frames, c.out = c.out, []
                     c.out_bytes = 0
                     await framed.send_frames(frames)
@@ -731,6 +741,12 @@ class BrokerNode:
         ``SPACE_PROBE`` seconds whether it has room again; between batches, since the
         store serves one thread at a time."""
         while True:
+            if not self.store_full:
+                # asleep until a commit finds the store full: thousands of idle nodes in
+                # one process (memory engine) must not each wake twice a second (#14)
+                await self._space_wanted.wait()
+                self._space_wanted = trio.Event()
+                continue
             await trio.sleep(SPACE_PROBE)
             if not self.store_full:
                 continue
@@ -761,12 +777,19 @@ class BrokerNode:
                     batch.append(inbox.receive_nowait())
             except trio.WouldBlock:
                 pass
-            async with self._batch_lock:
-                try:
-                    await self._handle_batch(batch, deadline)
-                except Exception as exc:   # last resort: log it, keep serving (#12)
-                    self.log.error("site.batch_failed", error=repr(exc), exc_info=exc,
-                                   conns=sorted({c.id for c, _ in batch}))
+            # a free lock is taken without the scheduler pass ``acquire`` always costs
+            # (one per batch: a lone message's batch is all passes, issue #14)
+            try:
+                self._batch_lock.acquire_nowait()
+            except trio.WouldBlock:
+                await self._batch_lock.acquire()
+            try:
+                await self._handle_batch(batch, deadline)
+            except Exception as exc:   # last resort: log it, keep serving (#12)
+                self.log.error("site.batch_failed", error=repr(exc), exc_info=exc,
+                               conns=sorted({c.id for c, _ in batch}))
+            finally:
+                self._batch_lock.release()
 
     async def _handle_batch(self, batch: list, deadline: float | None) -> None:
         """Feed one batch to the Site, then perform all it asked for (one commit)."""
@@ -1052,6 +1075,7 @@ class BrokerNode:
         """Do what the Site asked, committing the batch's store work before any Out."""
         conns = self._conns
         pending_cap = self.config.broker.max_pending_bytes_per_connection
+        touched: dict = {}   # connections that got frames, in order
         while actions:
             stores: list = []
             deletes: list = []
@@ -1115,15 +1139,30 @@ class BrokerNode:
                                                        "queued: the connection does not "
                                                        "keep up"))
                         self._forget(c, now, more)
-                    c.wake.set()
+                    touched[c] = None
                 else:
                     if a.error is not None:
                         c.out.append(a.error)
                     self._forget(c, now, more)
             actions = more
+        for c in touched:   # written now when possible: no writer wake-up (issue #14)
+            if c.out and (c.closing or not self._write_now(c)):
+                c.wake.set()
         if self._threaded_store and self._checkpoint_due():
             # the receipts are queued: the writers send them while the WAL is copied
             await _in_thread(self.store.checkpoint)
+
+    @staticmethod
+    def _write_now(c: _Conn) -> bool:
+        """Write ``c.out`` from this task when the socket takes it at once
+        (``FramedStream.send_now``: plain TCP, writer idle); False: wake the writer
+        (it sends the frames, or what the kernel did not take of them)."""
+        send_now = getattr(c.framed, "send_now", None)   # STOMP: its own encoder
+        if send_now is None or not send_now(c.out):
+            return False
+        c.out = []
+        c.out_bytes = 0
+        return not c.framed.pending
 
     def _checkpoint_due(self) -> bool:
         due = getattr(self.store, "checkpoint_due", None)
@@ -1215,6 +1254,7 @@ class BrokerNode:
                 if not self.store_full:
                     self.log.warning("store.full", refused=len(stores))
                 self.store_full = True
+                self._space_wanted.set()
                 exc = _STORE_FULL
             if stores and (deletes or consumed):
                 try:

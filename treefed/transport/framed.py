@@ -15,10 +15,22 @@ Theory of operation
   task that drains its queue into this call.
 
 Transport failures surface as trio's ``BrokenResourceError`` / ``ClosedResourceError``.
+
+Writing without a task hop (issue #14).  ``send_now(frames)`` is the synchronous path for
+whoever produced the frames (the broker's site task, a client's ``send``): on a plain
+TCP ``trio.SocketStream`` with no ``send_frames`` in progress it encodes the frames and
+writes them with one non-blocking ``send``, so a lone receipt leaves without waking the
+connection's writer task and without the scheduler pass trio's ``send_all`` takes after
+every write.  What the kernel did not take at once stays in ``pending`` and goes first
+in the next ``send_frames`` (the caller wakes its writer then), so bytes never
+interleave or reorder.  It returns False, having consumed nothing, when that path is
+not open (TLS and in-memory streams, a send in progress, a full socket buffer, an
+error): the frames then go the usual way, through the writer, which meets the error.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 import trio
@@ -35,7 +47,7 @@ RECEIVE_SIZE = 64 * 1024
 class FramedStream:
     """A trio stream that carries treefed frames."""
 
-    __slots__ = ("stream", "receive_size", "_decoder")
+    __slots__ = ("stream", "receive_size", "_decoder", "pending", "_sending", "_sock")
     protocol = "treefed"    # what ``stat`` shows (node/stomp_conn.py: "stomp")
 
     def __init__(self, stream: trio.abc.Stream, max_frame: int = DEFAULT_MAX_FRAME, *,
@@ -43,6 +55,10 @@ class FramedStream:
         self.stream = stream
         self.receive_size = receive_size
         self._decoder = FrameDecoder(max_frame)
+        self.pending = b""      # bytes ``send_now`` could not write: sent first by send_frames
+        self._sending = False   # a send_frames is in progress (send_now must not write)
+        # the socket ``send_now`` may write to: plain TCP only (TLS encrypts in send_all)
+        self._sock = stream.socket if type(stream) is trio.SocketStream else None
 
     async def receive_frames(self) -> list[Frame]:
         """Wait for and return every complete frame received so far (never empty).
@@ -68,10 +84,39 @@ class FramedStream:
             decoder.receive_data(data)
 
     async def send_frames(self, frames: Iterable[Frame]) -> None:
-        """Write a batch of frames with one send_all (nothing is sent for an empty batch)."""
+        """Write a batch of frames with one send_all (nothing is sent for an empty batch),
+        after what ``send_now`` left ``pending``."""
         data = encode_many(frames)
+        if self.pending:
+            data, self.pending = self.pending + data, b""
         if data:
-            await self.stream.send_all(data)
+            self._sending = True
+            try:
+                await self.stream.send_all(data)
+            finally:
+                self._sending = False
+
+    def send_now(self, frames: list[Frame]) -> bool:
+        """Try to write ``frames`` at once, without waiting (see "Writing without a task
+        hop").  True: consumed — written, or partly written with the rest in ``pending``
+        for the next ``send_frames``.  False: nothing consumed; send them the usual way."""
+        sock = self._sock
+        if sock is None or self._sending or self.pending or not frames:
+            return False
+        fd = sock.fileno()
+        if fd < 0 or sock.did_shutdown_SHUT_WR:
+            return False
+        try:
+            data = encode_many(frames)
+        except Exception:   # an unencodable frame: the writer meets (and reports) it
+            return False
+        try:
+            sent = os.write(fd, data)
+        except OSError:   # EAGAIN (buffer full), or a broken socket the writer will meet
+            return False
+        if sent < len(data):
+            self.pending = data[sent:]
+        return True
 
     async def send_frame(self, frame: Frame) -> None:
         """Write one frame (handshakes, errors; batches go through send_frames)."""
