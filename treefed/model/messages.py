@@ -19,8 +19,9 @@ rules (``core/broker.py``) for one message at a time, in send order:
   network consumer: forwarded to its peer, path + this broker.  None: the message waits
   here -- *stranded at* this broker.
 * topic: a copy to every eligible consumer, one per link (the fallback pass too, on a
-  link not used yet); a copy arriving where the same message was seen with the same path
-  length is a duplicate; a broker where nothing takes it drops it (``no_route``).
+  link not used yet); a copy arriving over a mesh link where the message was seen before,
+  or over a tree link where it was seen with the same path length, is a duplicate; a
+  broker where nothing takes it drops it (``no_route``).
 
 Consumer credit is not modelled (every consumer eventually takes what it is given, so a
 prefetch limit delays but never re-routes a message of these workloads); selectors are
@@ -80,10 +81,10 @@ class Outcome:
 
 class _Consumer:
     __slots__ = ("pattern", "priority", "seq", "peer", "conn", "ttl", "fallback", "group",
-                 "count")
+                 "count", "kind")
 
     def __init__(self, pattern, priority, seq, *, peer=None, conn=None, ttl=-1,
-                 fallback=False, group=None, count=1):
+                 fallback=False, group=None, count=1, kind="mesh"):
         self.pattern = pattern
         self.priority = priority
         self.seq = seq
@@ -93,6 +94,7 @@ class _Consumer:
         self.fallback = fallback
         self.group = group        # local: the Group
         self.count = count        # local: members of the group (subscribers)
+        self.kind = kind          # network: the link's kind (tree links allow revisits)
 
 
 class _Cores:
@@ -127,7 +129,8 @@ class _Cores:
                 if c is None:
                     seq += 1
                     c = conduits[key] = _Consumer(g.dst, prio, seq, peer=end.peer,
-                                                  conn=(r, end.index), ttl=ttl)
+                                                  conn=(r, end.index), ttl=ttl,
+                                                  kind=end.kind)
                     self.by_broker[r].append(c)
                 elif prio > c.priority:      # re-installed at the new priority
                     seq += 1
@@ -136,7 +139,8 @@ class _Cores:
                 for _ in range(g.count):
                     seq += 1
                     self.by_broker[r].append(_Consumer(g.dst, prio, seq, peer=end.peer,
-                                                       conn=(r, end.index), ttl=ttl))
+                                                       conn=(r, end.index), ttl=ttl,
+                                                       kind=end.kind))
         self._shape_ends(estate)
 
     def _shape_ends(self, estate: Estate) -> None:
@@ -159,7 +163,8 @@ class _Cores:
                 if end.lane == "parent" and tree is not None and tree.route_unknown_up:
                     for dst in ("queue://>", "topic://>"):
                         self.by_broker[b].append(_Consumer(
-                            dst, 0, -1, peer=end.peer, conn=(b, end.index), fallback=True))
+                            dst, 0, -1, peer=end.peer, conn=(b, end.index), fallback=True,
+                            kind=end.kind))
 
     def dest(self, broker: str, dst: str) -> list[_Consumer]:
         key = (broker, dst)
@@ -215,12 +220,16 @@ class _Cores:
     def route_topic(self, send: Send) -> Outcome:
         out = Outcome(send)
         seen: set = set()
-        todo = deque([(send.broker, ())])
+        todo = deque([(send.broker, (), None)])
         while todo:
-            here, path = todo.popleft()
-            if (here, len(path)) in seen or here in path:
-                continue               # a duplicate copy (same id, same path length)
-            seen.add((here, len(path)))
+            here, path, kind = todo.popleft()
+            # the core's duplicate key: over a tree link (revisits allowed) the id and
+            # the path length, over a mesh link the id alone; a loop never gets in
+            key = (here, len(path)) if kind == "tree" else (here, None)
+            if here in path or key in seen:
+                continue
+            if kind is not None:
+                seen.add(key)
             cons = self.dest(here, send.dst)
             links: set = set()
             taken = False
@@ -237,7 +246,7 @@ class _Cores:
                     links.add(c.conn)
                     if len(path) + 1 >= MAX_HOPS:
                         raise NotModelled(f"message {send.id} passes {MAX_HOPS} hops")
-                    todo.append((c.peer, path + (here,)))
+                    todo.append((c.peer, path + (here,), c.kind))
             if not taken:
                 out.dropped_at.append(here)
         return out
