@@ -134,7 +134,8 @@ def cell_figures(folded, result) -> list[tuple[tuple[str, ...], dict[str, int]]]
 
 
 def model_rows(spark, scenario, modes: Sequence[str], *, engine: str = "spark",
-               cells: bool = True, check: bool = False, brokers_dir: Path | None = None
+               cells: bool = True, check: bool = False, brokers_dir: Path | None = None,
+               messages: bool = False, messages_dir: Path | None = None
                ) -> tuple[list[dict], list[dict], dict]:
     """Run the model for ``modes`` of ``scenario``: (run rows, tier rows, timings).
 
@@ -205,6 +206,9 @@ def model_rows(spark, scenario, modes: Sequence[str], *, engine: str = "spark",
         for k in keys:
             row[k] = sum(len(ms) * r.get(k, 0) for ms, r in table)
         row["max_demand"] = max((r["demand"] for _ms, r in table), default=0)
+        if messages:
+            row.update(message_figures(plan, mode, messages_dir))
+            lap("messages_s")
         by_tier: dict[str, dict] = {}
         for ms, r in table:
             per_tier: dict[str, int] = defaultdict(int)
@@ -229,6 +233,39 @@ def model_rows(spark, scenario, modes: Sequence[str], *, engine: str = "spark",
 
 
 _NO_SPLIT = {"sibling_spill": 0, "downward_interest": 0}
+
+MESSAGE_COLUMNS = ("msg", "kind", "sender", "dst", "expected", "delivered", "delivered_at",
+                   "stranded_at", "dropped_at", "path")
+
+
+def message_figures(plan, mode, out_dir: Path | None = None) -> dict:
+    """The workload's sends under ``mode`` (``model/messages.py``, exact walk): the
+    run's accounting figures, and spill / wasted demand as the report defines them
+    (received / held at a broker that never sends to the destination);
+    ``messages-<mode>.csv`` per sender -> destination in ``out_dir`` when given."""
+    from treefed.model.exact import Counts
+    from treefed.model.messages import route_plan, senders, summarise
+
+    counts = Counts()
+    outcomes = route_plan(plan, mode, counts=counts)
+    units = {m.id: m.units for m in plan.messages.values()}
+    fig = summarise(outcomes, units)
+    send = senders(outcomes)
+    fig["spilled"] = sum(n for (b, d), n in counts.received_by_dst.items()
+                         if b not in send.get(d, ()))
+    fig["wasted_demand"] = sum(n for (b, d), n in counts.demand_by_dst.items()
+                               if b not in send.get(d, ()))
+    fig["messages"] = len(outcomes)
+    if out_dir is not None:
+        kinds = {m.id: m.kind for m in plan.messages.values()}
+        rows = [{"msg": o.send.id, "kind": kinds[o.send.id], "sender": o.send.broker,
+                 "dst": o.send.dst, "expected": units[o.send.id],
+                 "delivered": min(o.delivered, units[o.send.id]),
+                 "delivered_at": o.delivered_at or "", "stranded_at": o.stranded_at or "",
+                 "dropped_at": " ".join(o.dropped_at), "path": " ".join(o.path)}
+                for o in outcomes]
+        _write_csv(out_dir / f"messages-{mode.label}.csv", list(MESSAGE_COLUMNS), rows)
+    return fig
 
 
 def _write_brokers(path: Path, keys: Sequence[str], table, tiers: dict) -> None:
@@ -297,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="compute an estate's advisory and demand "
                                             "figures on Spark, without emulating it")
     p.add_argument("scenario", help="scenario name or file (its topology and workload)")
-    p.add_argument("--mode", action="append", choices=MODES, dest="modes",
+    p.add_argument("--mode", action="append", choices=(*MODES, "mesh-tuned"), dest="modes",
                    help="mode to model (repeatable; default: all four)")
     p.add_argument("--regions", type=int, help="resize: regions under HQ")
     p.add_argument("--stores-per-region", type=int, help="resize: stores per region")
@@ -309,6 +346,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true",
                    help="run both engines and fail on any difference")
     p.add_argument("--no-brokers", action="store_true", help="skip brokers-<mode>.csv")
+    p.add_argument("--messages", action="store_true",
+                   help="also route the workload's messages over the modelled demand "
+                        "(exact walk, per broker): delivered / stranded and where, per "
+                        "sender -> destination in messages-<mode>.csv, and spill as the "
+                        "report defines it")
     p.add_argument("--sweep", metavar="TOTALS",
                    help="comma-separated total store counts (e.g. 10,100,1000,10000,"
                         "100000) spread over --regions (default 10): writes sweep.csv, "
@@ -351,7 +393,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             r, t, timings[scenario.name] = model_rows(
                 spark, scenario, args.modes or MODES, engine=args.engine,
                 cells=not args.flat, check=args.check,
-                brokers_dir=None if args.no_brokers or args.sweep else out)
+                brokers_dir=None if args.no_brokers or args.sweep else out,
+                messages=args.messages,
+                messages_dir=out if args.messages and not args.sweep else None)
             runs += r
             tiers += t
         if len(scenarios) == 1:
@@ -377,6 +421,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         meta["sweep_stores"] = [r["stores"] for r in runs[::len(args.modes or MODES)]]
         write_sweep(out, runs)
+    else:   # the report reads runs.csv (treefed report --model DIR)
+        from treefed.model.sweep import RUN_COLUMNS, run_rows
+
+        _write_csv(out / "runs.csv", [*RUN_COLUMNS, "source"], run_rows(runs))
     (out / "model.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     for r in runs:
         print(f"{r['mode']:10} stores {r['stores']:>7}  brokers {r['brokers']:>7}  "

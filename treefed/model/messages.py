@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from treefed.core.destinations import is_topic, matches
-from treefed.model.exact import Estate, Group, NotModelled, propagate
+from treefed.model.exact import Counts, Estate, Group, NotModelled, propagate
 
-__all__ = ["Send", "Outcome", "route", "route_plan", "summarise", "MAX_HOPS"]
+__all__ = ["Send", "Outcome", "route", "route_plan", "senders", "summarise", "MAX_HOPS"]
 
 #: the core refuses a forward whose path is this long (core/broker.py MAX_HOPS)
 MAX_HOPS = 64
@@ -70,7 +70,8 @@ class Outcome:
     stranded_at: str | None = None
     deliveries: list = field(default_factory=list)
     dropped_at: list = field(default_factory=list)
-    path: tuple = ()
+    path: tuple = ()                       # queue: the brokers it visited, in order
+    forwarded_by: set = field(default_factory=set)   # topic: brokers that sent a copy on
 
     @property
     def delivered(self) -> int:
@@ -247,26 +248,43 @@ class _Cores:
                     if len(path) + 1 >= MAX_HOPS:
                         raise NotModelled(f"message {send.id} passes {MAX_HOPS} hops")
                     todo.append((c.peer, path + (here,), c.kind))
+                    out.forwarded_by.add(here)
             if not taken:
                 out.dropped_at.append(here)
         return out
 
 
-def route(estate: Estate, groups: Sequence[Group], sends: Iterable[Send]) -> list[Outcome]:
-    """Each send's outcome, in send order, over the demand ``groups`` create."""
+def _merge(into: Counts, part: Counts) -> None:
+    for name in ("adds_sent", "adds_received", "dropped", "demand", "interest",
+                 "received_by_dst", "demand_by_dst"):
+        mine = getattr(into, name)
+        for k, v in getattr(part, name).items():
+            mine[k] += v
+
+
+def route(estate: Estate, groups: Sequence[Group], sends: Iterable[Send], *,
+          counts: Counts | None = None) -> list[Outcome]:
+    """Each send's outcome, in send order, over the demand ``groups`` create (only the
+    groups matching a sent destination are walked; their figures are added to
+    ``counts`` when given)."""
     sends = list(sends)
     held: list = []
     wanted = {s.dst for s in sends}
     mine = [g for g in groups if any(matches(g.dst, d) for d in wanted)]
-    propagate(estate, mine, held=held)
+    found = propagate(estate, mine, held=held)
+    if counts is not None:
+        _merge(counts, found)
     cores = _Cores(estate, mine, held)
     return [cores.route_topic(s) if is_topic(s.dst) else cores.route_queue(s)
             for s in sends]
 
 
-def route_plan(plan, mode, *, batch: int = 256) -> list[Outcome]:
+def route_plan(plan, mode, *, batch: int = 256, counts: Counts | None = None
+               ) -> list[Outcome]:
     """Outcomes of ``plan``'s workload sends (not its timeline sends) under ``mode``, on
-    the estate at the start; destinations walked ``batch`` at a time."""
+    the estate at the start; destinations walked ``batch`` at a time.  With ``counts``,
+    the groups no send matches are walked too and every figure is added there: the
+    whole first convergence, as ``exact.propagate`` counts it."""
     from treefed.model.exact import estate_from_topology, groups_from_consumers
 
     estate = estate_from_topology(plan.topology, mode)
@@ -277,9 +295,26 @@ def route_plan(plan, mode, *, batch: int = 256) -> list[Outcome]:
     outcomes: dict[str, Outcome] = {}
     for i in range(0, len(order), batch):
         chunk = set(order[i:i + batch])
-        for o in route(estate, groups, [s for s in sends if s.dst in chunk]):
+        for o in route(estate, groups, [s for s in sends if s.dst in chunk],
+                       counts=counts):
             outcomes[o.send.id] = o
+    if counts is not None:
+        rest = [g for g in groups if not any(matches(g.dst, d) for d in order)]
+        for i in range(0, len(rest), batch * 16):
+            _merge(counts, propagate(estate, rest[i:i + batch * 16]))
     return [outcomes[s.id] for s in sends]
+
+
+def senders(outcomes: Sequence[Outcome]) -> dict[str, set]:
+    """dst -> brokers that *send to* it (the report's definition): produced a message
+    of it, or forwarded one (every broker on a path but the last)."""
+    out: dict[str, set] = defaultdict(set)
+    for o in outcomes:
+        out[o.send.dst].add(o.send.broker)
+        if o.path:
+            out[o.send.dst].update(o.path[:-1])
+        out[o.send.dst].update(o.forwarded_by)
+    return out
 
 
 def summarise(outcomes: Sequence[Outcome], expected: dict[str, int] | None = None) -> dict:
@@ -297,8 +332,8 @@ def summarise(outcomes: Sequence[Outcome], expected: dict[str, int] | None = Non
             stranded += 1
             where[o.stranded_at] += 1
     top = sorted(where.items(), key=lambda kv: (-kv[1], kv[0]))
-    text = ", ".join(f"{b}: {n}" for b, n in top[:5])
-    if len(top) > 5:
-        text += f", +{len(top) - 5} more brokers"
+    text = ", ".join(f"{b}: {n}" for b, n in top[:3])
+    if len(top) > 3:
+        text += f", +{len(top) - 3} more brokers"
     return {"expected": expected_n, "delivered": delivered, "stranded": stranded,
             "dropped": expected_n - delivered - stranded, "stranded_at": text}
