@@ -240,22 +240,36 @@ MESSAGE_COLUMNS = ("msg", "kind", "sender", "dst", "expected", "delivered", "del
 
 def message_figures(plan, mode, out_dir: Path | None = None) -> dict:
     """The workload's sends under ``mode`` (``model/messages.py``, exact walk): the
-    run's accounting figures, and spill / wasted demand as the report defines them
-    (received / held at a broker that never sends to the destination);
-    ``messages-<mode>.csv`` per sender -> destination in ``out_dir`` when given."""
-    from treefed.model.exact import Counts
-    from treefed.model.messages import route_plan, senders, summarise
+    run's accounting figures, and spill as the report defines it -- add receipts at a
+    broker that never sends to the destination (produced or forwarded a message of it),
+    split into sibling spill (at a store, about another store's consumer) and downward
+    spill (at a store, about a region's or HQ's consumer) -- and wasted demand (held
+    where the destination is never sent to); ``messages-<mode>.csv`` per sender ->
+    destination in ``out_dir`` when given.  Batch by batch (``route_batches``)."""
+    from treefed.model.messages import route_batches, senders, summarise
 
-    counts = Counts()
-    outcomes = route_plan(plan, mode, counts=counts)
+    stores = {b.id for b in plan.topology.brokers
+              if b.role == "leaf" or b.kind == "store"}
     units = {m.id: m.units for m in plan.messages.values()}
+    outcomes = []
+    spilled = sibling = downward = wasted = 0
+    for part, counts, origins in route_batches(plan, mode, everything=True):
+        outcomes += part
+        send = senders(part)
+        for (b, d, origin), n in origins.items():
+            if b in send.get(d, ()):
+                continue
+            spilled += n
+            if b in stores:
+                if origin in stores:
+                    sibling += n
+                else:
+                    downward += n
+        wasted += sum(n for (b, d), n in counts.demand_by_dst.items()
+                      if b not in send.get(d, ()))
     fig = summarise(outcomes, units)
-    send = senders(outcomes)
-    fig["spilled"] = sum(n for (b, d), n in counts.received_by_dst.items()
-                         if b not in send.get(d, ()))
-    fig["wasted_demand"] = sum(n for (b, d), n in counts.demand_by_dst.items()
-                               if b not in send.get(d, ()))
-    fig["messages"] = len(outcomes)
+    fig.update(spilled=spilled, spilled_sibling=sibling, spilled_downward=downward,
+               wasted_demand=wasted, messages=len(outcomes))
     if out_dir is not None:
         kinds = {m.id: m.kind for m in plan.messages.values()}
         rows = [{"msg": o.send.id, "kind": kinds[o.send.id], "sender": o.send.broker,
@@ -422,9 +436,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         meta["sweep_stores"] = [r["stores"] for r in runs[::len(args.modes or MODES)]]
         write_sweep(out, runs)
     else:   # the report reads runs.csv (treefed report --model DIR)
-        from treefed.model.sweep import RUN_COLUMNS, run_rows
+        from treefed.model.sweep import RUN_COLUMNS, _csv, run_rows
 
-        _write_csv(out / "runs.csv", [*RUN_COLUMNS, "source"], run_rows(runs))
+        _csv(out / "runs.csv", [*RUN_COLUMNS, "source"], run_rows(runs))   # "" = not modelled
     (out / "model.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     for r in runs:
         print(f"{r['mode']:10} stores {r['stores']:>7}  brokers {r['brokers']:>7}  "

@@ -43,7 +43,8 @@ from typing import Iterable, Sequence
 from treefed.core.destinations import is_topic, matches
 from treefed.model.exact import Counts, Estate, Group, NotModelled, propagate
 
-__all__ = ["Send", "Outcome", "route", "route_plan", "senders", "summarise", "MAX_HOPS"]
+__all__ = ["Send", "Outcome", "route", "route_batches", "route_plan", "senders",
+           "summarise", "MAX_HOPS"]
 
 #: the core refuses a forward whose path is this long (core/broker.py MAX_HOPS)
 MAX_HOPS = 64
@@ -263,15 +264,15 @@ def _merge(into: Counts, part: Counts) -> None:
 
 
 def route(estate: Estate, groups: Sequence[Group], sends: Iterable[Send], *,
-          counts: Counts | None = None) -> list[Outcome]:
+          counts: Counts | None = None, origins: dict | None = None) -> list[Outcome]:
     """Each send's outcome, in send order, over the demand ``groups`` create (only the
     groups matching a sent destination are walked; their figures are added to
-    ``counts`` when given)."""
+    ``counts`` when given, their receipts per (broker, dst, origin) to ``origins``)."""
     sends = list(sends)
     held: list = []
     wanted = {s.dst for s in sends}
     mine = [g for g in groups if any(matches(g.dst, d) for d in wanted)]
-    found = propagate(estate, mine, held=held)
+    found = propagate(estate, mine, held=held, origins=origins)
     if counts is not None:
         _merge(counts, found)
     cores = _Cores(estate, mine, held)
@@ -279,12 +280,14 @@ def route(estate: Estate, groups: Sequence[Group], sends: Iterable[Send], *,
             for s in sends]
 
 
-def route_plan(plan, mode, *, batch: int = 256, counts: Counts | None = None
-               ) -> list[Outcome]:
-    """Outcomes of ``plan``'s workload sends (not its timeline sends) under ``mode``, on
-    the estate at the start; destinations walked ``batch`` at a time.  With ``counts``,
-    the groups no send matches are walked too and every figure is added there: the
-    whole first convergence, as ``exact.propagate`` counts it."""
+def route_batches(plan, mode, *, batch: int = 256, everything: bool = False):
+    """``plan``'s workload sends (not its timeline sends) under ``mode`` on the estate
+    at the start, ``batch`` destinations at a time: yields ``(outcomes, counts,
+    origins)`` per batch -- the batch's groups' figures and receipts per (broker, dst,
+    origin) -- so no more than a batch's demand is ever held.  ``everything``: also
+    yield the groups no send matches (with no outcomes), so the batches' figures add
+    up to the whole first convergence.  A wildcard consumer that matches sent
+    destinations makes one batch of all (its interest would be counted twice)."""
     from treefed.model.exact import estate_from_topology, groups_from_consumers
 
     estate = estate_from_topology(plan.topology, mode)
@@ -292,17 +295,30 @@ def route_plan(plan, mode, *, batch: int = 256, counts: Counts | None = None
     sends = [Send(m.id, m.broker, m.dst) for m in plan.messages.values()
              if m.kind != "timeline"]
     order = list(dict.fromkeys(s.dst for s in sends))
-    outcomes: dict[str, Outcome] = {}
+    sent = set(order)
+    if any(g.dst not in sent and any(matches(g.dst, d) for d in order) for g in groups):
+        batch = max(batch, len(order))
     for i in range(0, len(order), batch):
         chunk = set(order[i:i + batch])
-        for o in route(estate, groups, [s for s in sends if s.dst in chunk],
-                       counts=counts):
-            outcomes[o.send.id] = o
-    if counts is not None:
+        counts, origins = Counts(), {}
+        outcomes = route(estate, groups, [s for s in sends if s.dst in chunk],
+                         counts=counts, origins=origins)
+        yield outcomes, counts, origins
+    if everything:
         rest = [g for g in groups if not any(matches(g.dst, d) for d in order)]
         for i in range(0, len(rest), batch * 16):
-            _merge(counts, propagate(estate, rest[i:i + batch * 16]))
-    return [outcomes[s.id] for s in sends]
+            origins = {}
+            counts = propagate(estate, rest[i:i + batch * 16], origins=origins)
+            yield [], counts, origins
+
+
+def route_plan(plan, mode, *, batch: int = 256) -> list[Outcome]:
+    """Every workload send's outcome, in send order (``route_batches``)."""
+    outcomes: dict[str, Outcome] = {}
+    for part, _counts, _origins in route_batches(plan, mode, batch=batch):
+        for o in part:
+            outcomes[o.send.id] = o
+    return [outcomes[m.id] for m in plan.messages.values() if m.kind != "timeline"]
 
 
 def senders(outcomes: Sequence[Outcome]) -> dict[str, set]:

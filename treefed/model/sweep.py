@@ -91,7 +91,9 @@ def run_rows(rows: Sequence[dict]) -> list[dict]:
                 "delivery_ratio": round(delivered / expected, 4) if expected else "",
                 "stranded": r["stranded"], "stranded_at": r["stranded_at"],
                 "dropped": r["dropped"], "lost": 0,
-                "spilled_advisories": r["spilled"], "wasted_demand": r["wasted_demand"]})
+                "spilled_advisories": r["spilled"], "wasted_demand": r["wasted_demand"],
+                "sibling_spill": r["spilled_sibling"],
+                "downward_spill": r["spilled_downward"]})
     return out
 
 
