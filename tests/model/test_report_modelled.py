@@ -146,3 +146,24 @@ def test_model_rows_equal_the_emulated_report(tmp_path, spark):
         for c in COMPARED:
             assert emulated[mode][c] == modelled[mode][c], (mode, c)
     assert re.search(r"mesh-ttl2 \[model\]", (out / "report.md").read_text())
+
+
+def test_one_walk_for_figures_and_messages(tmp_path):
+    """--engine exact --messages takes its per-broker figures from the message batches
+    (one walk): they equal the plain exact walk's, broker by broker."""
+    plain = tmp_path / "plain"
+    assert model_main(["sweep-size-4x0005", "--engine", "exact", "--out", str(plain),
+                       "--mode", "mesh-ttl2", "--mode", "mesh-tuned"]) == 0
+    both = _model(tmp_path, "sweep-size-4x0005", "mesh-ttl2", "mesh-tuned",
+                  extra=("--messages",))
+    for mode in ("mesh-ttl2", "mesh-tuned"):
+        with (plain / f"brokers-{mode}.csv").open() as fh:
+            a = list(csv.DictReader(fh))
+    assert not list(both.glob("brokers-*.csv"))     # --no-brokers
+    rows_a = {r["mode"]: r for r in csv.DictReader((plain / "model.csv").open())}
+    rows_b = {r["mode"]: r for r in csv.DictReader((both / "model.csv").open())}
+    for mode in ("mesh-ttl2", "mesh-tuned"):
+        for k in ("adds_sent", "adds_received", "demand", "interest", "dropped_ttl",
+                  "max_demand", "brokers", "consumers"):
+            assert rows_a[mode].get(k) == rows_b[mode].get(k), (mode, k)
+    assert a

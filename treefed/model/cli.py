@@ -180,7 +180,14 @@ def model_rows(spark, scenario, modes: Sequence[str], *, engine: str = "spark",
             table = [(ms, {**row, **split.get(cid, _NO_SPLIT)})
                      for cid, (ms, row) in enumerate(cell_figures(folded, result))]
             lap("cells_s")
-        if engine == "exact" or check:
+        message_fig = None
+        if engine == "exact" and messages and not check:
+            # one walk for both: the message batches add up to the whole convergence
+            per_b: dict = {}
+            message_fig = message_figures(plan, mode, messages_dir, brokers=per_b)
+            lap("messages_s")
+            table = [((b,), per_b[b]) for b in estate.brokers]
+        elif engine == "exact" or check:
             exact = propagate(estate, groups)
             lap("exact_s")
             if check:
@@ -207,8 +214,10 @@ def model_rows(spark, scenario, modes: Sequence[str], *, engine: str = "spark",
             row[k] = sum(len(ms) * r.get(k, 0) for ms, r in table)
         row["max_demand"] = max((r["demand"] for _ms, r in table), default=0)
         if messages:
-            row.update(message_figures(plan, mode, messages_dir))
-            lap("messages_s")
+            if message_fig is None:
+                message_fig = message_figures(plan, mode, messages_dir)
+                lap("messages_s")
+            row.update(message_fig)
         by_tier: dict[str, dict] = {}
         for ms, r in table:
             per_tier: dict[str, int] = defaultdict(int)
@@ -238,15 +247,32 @@ MESSAGE_COLUMNS = ("msg", "kind", "sender", "dst", "expected", "delivered", "del
                    "stranded_at", "dropped_at", "path")
 
 
-def message_figures(plan, mode, out_dir: Path | None = None) -> dict:
+def message_figures(plan, mode, out_dir: Path | None = None, *,
+                    brokers: dict | None = None) -> dict:
     """The workload's sends under ``mode`` (``model/messages.py``, exact walk): the
     run's accounting figures, and spill as the report defines it -- add receipts at a
     broker that never sends to the destination (produced or forwarded a message of it),
     split into sibling spill (at a store, about another store's consumer) and downward
     spill (at a store, about a region's or HQ's consumer) -- and wasted demand (held
     where the destination is never sent to); ``messages-<mode>.csv`` per sender ->
-    destination in ``out_dir`` when given.  Batch by batch (``route_batches``)."""
+    destination in ``out_dir`` when given.  Batch by batch (``route_batches``).
+    ``brokers``: a dict that receives every broker's figures of the whole first
+    convergence (``exact.per_broker``'s, plus the model's sibling spill and downward
+    interest as ``split_receipts`` counts them), so the exact engine need not walk twice."""
+    from treefed.model.exact import Counts
     from treefed.model.messages import route_batches, senders, summarise
+
+    whole = Counts() if brokers is not None else None
+    kind = {b.id: b.kind for b in plan.topology.brokers}
+    parent = {b.id: b.parent for b in plan.topology.brokers}
+    above: dict[str, set] = {}
+    for b in kind:
+        chain, cur = set(), parent.get(b)
+        while cur is not None:
+            chain.add(cur)
+            cur = parent.get(cur)
+        above[b] = chain
+    split: dict = defaultdict(lambda: {"sibling_spill": 0, "downward_interest": 0})
 
     stores = {b.id for b in plan.topology.brokers
               if b.role == "leaf" or b.kind == "store"}
@@ -256,6 +282,16 @@ def message_figures(plan, mode, out_dir: Path | None = None) -> dict:
     for part, counts, origins in route_batches(plan, mode, everything=True):
         outcomes += part
         send = senders(part)
+        if whole is not None:
+            for name in ("adds_sent", "adds_received", "dropped", "demand", "interest"):
+                mine = getattr(whole, name)
+                for k, v in getattr(counts, name).items():
+                    mine[k] += v
+            for (b, d, origin), n in origins.items():
+                if kind.get(b) == "store" and kind.get(origin) == "store":
+                    split[b]["sibling_spill"] += n
+                elif origin in above[b]:
+                    split[b]["downward_interest"] += n
         for (b, d, origin), n in origins.items():
             if b in send.get(d, ()):
                 continue
@@ -267,6 +303,9 @@ def message_figures(plan, mode, out_dir: Path | None = None) -> dict:
                     downward += n
         wasted += sum(n for (b, d), n in counts.demand_by_dst.items()
                       if b not in send.get(d, ()))
+    if whole is not None:
+        for b, row in whole.per_broker(kind).items():
+            brokers[b] = {**row, **split.get(b, _NO_SPLIT)}
     fig = summarise(outcomes, units)
     fig.update(spilled=spilled, spilled_sibling=sibling, spilled_downward=downward,
                wasted_demand=wasted, messages=len(outcomes))
