@@ -287,6 +287,8 @@ def summary_lines(runs: Sequence[Row], roles: Sequence[Row] = ()) -> list[str]:
     if not runs:
         return ["No runs were read."]
     for (scenario, brokers, spr), rows in _groups(runs):
+        if all(_modelled(r) and r.get("expected") is None for r in rows):
+            continue   # a model sweep point without messages: the tables and plots say it
         tree = next((r for r in rows if _is_tree(r)), None)
         parts = []
         for row in rows:
