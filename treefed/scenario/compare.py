@@ -178,9 +178,14 @@ def split_headline(scenarios: list[Scenario]) -> tuple[list[Scenario], list[tupl
 
 def run_models(modelled: list[tuple], out: Path, console, *, sweep: bool) -> list[str] | None:
     """``treefed model --messages`` (exact walk) for each (scenario, modes), and with
-    ``sweep`` the Spark model sweep (``MODEL_SWEEP``, 4 regions) for the scale curves;
-    returns the output directories (None: the model failed, it said why)."""
-    from treefed.model.cli import main as model_main
+    ``sweep`` the Spark model sweep (``MODEL_SWEEP``, 4 regions) for the scale curves,
+    each in a child process (its memory, and the sweep's JVM, gone before the report's
+    Spark job starts); returns the output directories (None: a model failed, it said
+    why on stderr)."""
+    import subprocess
+
+    def model(argv: list[str]) -> bool:
+        return subprocess.run([sys.executable, "-m", "treefed.model.cli", *argv]).returncode == 0
 
     dirs = []
     for name, modes in modelled:
@@ -190,19 +195,15 @@ def run_models(modelled: list[tuple], out: Path, console, *, sweep: bool) -> lis
         argv = [name, "--engine", "exact", "--messages", "--no-brokers", "--out", str(d)]
         for m in modes:
             argv += ["--mode", m]
-        if model_main(argv) != 0:
+        if not model(argv):
             return None
         dirs.append(str(d))
     if sweep:
         d = out / "model-sweep"
         console.print(f"[bold]model sweep[/]: {MODEL_SWEEP} stores, 4 regions, on Spark",
                       highlight=False)
-        if model_main([HEADLINE, "--sweep", MODEL_SWEEP, "--regions", "4",
-                       "--driver-memory", "2g", "--out", str(d)]) != 0:
+        if not model([HEADLINE, "--sweep", MODEL_SWEEP, "--regions", "4",
+                      "--driver-memory", "2g", "--out", str(d)]):
             return None
         dirs.append(str(d))
     return dirs
-
-
-if __name__ == "__main__":
-    sys.exit(main())
