@@ -140,3 +140,15 @@ def test_messages_equal_live_sites_on_random_meshes(case, data):
 def test_messages_equal_live_sites_on_random_trees(case, data):
     sends = _sends(data.draw, case.estate.brokers)
     assert _model_outcomes(case, sends) == _live_outcomes(case, sends)
+
+
+def test_members_of_a_group_take_turns():
+    """Regression (found by the property test): two local consumers of one queue are two
+    consumers in the core's round robin, not one -- b1's second message goes to its
+    second local consumer, not over the link to b0."""
+    s = LinkSettings(kind="mesh", name="m", duplex=False, network_ttl=1)
+    estate = Estate(("b0", "b1"), (Link("b1", "b0", s),))
+    groups = [Group("b0", "queue://A", 1, name="x"), Group("b1", "queue://A", 2, name="y")]
+    out = route(estate, groups, [Send("1", "b1", "queue://A"), Send("2", "b1", "queue://A"),
+                                 Send("3", "b1", "queue://A")])
+    assert [o.delivered_at for o in out] == ["b1", "b1", "b0"]

@@ -40,7 +40,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from treefed.core.destinations import is_topic, matches
+from treefed.core.destinations import is_topic, is_wildcard, matches
 from treefed.model.exact import Counts, Estate, Group, NotModelled, propagate
 
 __all__ = ["Send", "Outcome", "route", "route_batches", "route_plan", "senders",
@@ -109,8 +109,9 @@ class _Cores:
         for g in groups:   # subscribed before any link is up (replay engine's _start)
             if g.selector is not None:
                 raise NotModelled(f"group {g.name}: selectors are not modelled for messages")
-            self.by_broker[g.broker].append(_Consumer(g.dst, 0, seq, group=g, count=g.count))
-            seq += 1
+            for _ in range(g.count):   # each member its own consumer: round robin
+                self.by_broker[g.broker].append(_Consumer(g.dst, 0, seq, group=g))
+                seq += 1
         conduits: dict[tuple, _Consumer] = {}
         statics: set = set()
         for r, end, gi, prio, conduit in held:
@@ -168,13 +169,27 @@ class _Cores:
                             dst, 0, -1, peer=end.peer, conn=(b, end.index), fallback=True,
                             kind=end.kind))
 
+    def _index(self) -> None:
+        """Per broker: consumers by exact pattern, and the wildcard ones apart (a store
+        at TTL 2 holds demand for every sibling's queue: no scan of them per message)."""
+        self._exact: dict[str, dict[str, list]] = {}
+        self._wild: dict[str, list] = {}
+        for b, cons in self.by_broker.items():
+            exact: dict[str, list] = defaultdict(list)
+            wild = []
+            for c in cons:
+                (wild if is_wildcard(c.pattern) else exact[c.pattern]).append(c)
+            self._exact[b], self._wild[b] = exact, wild
+
     def dest(self, broker: str, dst: str) -> list[_Consumer]:
         key = (broker, dst)
         found = self._dests.get(key)
         if found is None:
-            found = sorted((c for c in self.by_broker.get(broker, ())
-                            if matches(c.pattern, dst)),
-                           key=lambda c: (-c.priority, c.seq))
+            if not hasattr(self, "_exact"):
+                self._index()
+            mine = list(self._exact.get(broker, {}).get(dst, ()))
+            mine += [c for c in self._wild.get(broker, ()) if matches(c.pattern, dst)]
+            found = sorted(mine, key=lambda c: (-c.priority, c.seq))
             self._dests[key] = found
         return found
 
