@@ -155,7 +155,7 @@ class _Cores:
             tree = estate.tree.get(b)
             for end in ends:
                 s = end.settings
-                if end.kind == "mesh" and end.forwards:
+                if end.kind == "mesh" and end.forwards and s.statically_included:
                     have = {c.pattern for c in self.by_broker[b]
                             if c.conn == (b, end.index) and c.seq == -1}
                     for dst in s.statically_included:
