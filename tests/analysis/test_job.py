@@ -541,7 +541,10 @@ class TestMain:
             rows = list(csv.DictReader(f))
         assert [r["mode"] for r in rows] == ["tree", "mesh-ttl1", "mesh-ttl2"]
         assert [r["spilled_advisories"] for r in rows] == ["0", "5", "20"]
-        assert list(rows[0]) == list(job.RUN_COLUMNS)
+        # the report's columns, then where each row came from (emulated here; `--model`
+        # adds modelled rows, tests/model/test_report_modelled.py)
+        assert list(rows[0]) == [*job.RUN_COLUMNS, "source"]
+        assert {r["source"] for r in rows} == {"emulated"}
         assert (out / "per_role.csv").read_text().startswith(",".join(job.ROLE_COLUMNS))
         for table in ("runs", "per_role", "brokers"):
             assert list((out / "tables" / f"{table}.parquet").glob("*.parquet"))

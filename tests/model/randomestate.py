@@ -62,6 +62,9 @@ def mesh_cases(draw) -> Case:
         settings = LinkSettings(
             kind="mesh", name=f"l{k}", duplex=draw(st.booleans()),
             network_ttl=draw(st.sampled_from((1, 2, 3, -1))),
+            # message hops apart from consumer hops (None: the network ttl) -- only
+            # messages.py reads it
+            message_ttl=draw(st.sampled_from((None, None, 1, 2))),
             conduit_subscriptions=draw(st.booleans()),
             dynamically_included=draw(st.sampled_from(FILTERS)),
             excluded=draw(st.sampled_from(((), ("queue://C",), ("topic://U.>",)))),

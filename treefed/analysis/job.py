@@ -815,6 +815,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="include runs that are not whole evidence (no complete "
                         "summary.json, truncated log, unparseable lines, accounting that "
                         "does not close), flagged in every table, instead of refusing")
+    p.add_argument("--model", action="append", default=[], metavar="DIR",
+                   help="also show the modelled estates of a `treefed model ... --out DIR` "
+                        "(its runs.csv), marked as modelled (repeatable)")
     return p
 
 
@@ -839,6 +842,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         files = event_files(args.runs)
     except FileNotFoundError as e:
+        print(f"treefed report: {e}", file=sys.stderr)
+        return 2
+    from treefed.analysis.modelled import mark_emulated, read_model_runs
+    try:
+        modelled = read_model_runs(args.model, RUN_COLUMNS)
+    except ValueError as e:
         print(f"treefed report: {e}", file=sys.stderr)
         return 2
     early = {Path(r).name: p for r in args.runs if (p := integrity.summary_problems(r))}
@@ -895,9 +904,10 @@ def main(argv: list[str] | None = None) -> int:
         if owned:
             spark.stop()
     out.mkdir(parents=True, exist_ok=True)
-    _write_csv(out / "runs.csv", RUN_COLUMNS, runs)
+    shown = mark_emulated(runs) + modelled   # modelled rows: marked in every table
+    _write_csv(out / "runs.csv", (*RUN_COLUMNS, "source"), shown)
     _write_csv(out / "per_role.csv", ROLE_COLUMNS, roles)
-    report.render(runs, roles, out, title=args.title)
+    report.render(shown, roles, out, title=args.title)
     lines = sum(r["lines"] for r in runs)
     for r in runs:
         if r["bad_lines"]:

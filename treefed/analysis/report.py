@@ -107,12 +107,19 @@ _TIER_ORDER = {"hq": 0, "country": 1, "region": 8, "store": 9, "other": 10}
 # ----------------------------------------------------------------------------- helpers
 
 PARTIAL = " [partial]"
+#: the mark of a row computed by ``treefed model`` (``source = model``), not emulated
+MODELLED = " [model]"
+
+
+def _modelled(row: Row) -> bool:
+    return row.get("source") == "model"
 
 
 def _mode(row: Row) -> str:
-    """The mode label, flagged when the run is included although partial."""
+    """The mode label, flagged when the run is included although partial, and when it
+    was modelled rather than emulated."""
     return str(row.get("mode")) + (PARTIAL if row.get("problems") or row.get("partial")
-                                   else "")
+                                   else "") + (MODELLED if _modelled(row) else "")
 
 
 def mode_cost(mode: str) -> tuple[str, str] | None:
@@ -260,6 +267,10 @@ def headline_sentence(runs: Sequence[Row]) -> str:
     the tree delivers."""
     candidates = [(key, rows) for key, rows in _groups(runs)
                   if any(_is_tree(r) for r in rows) and len(rows) > 1]
+    # modelled sweep estates without message figures cannot say what strands
+    counted = [(key, rows) for key, rows in candidates
+               if all(r.get("expected") is not None for r in rows)]
+    candidates = counted or candidates
     if not candidates:
         return ""
     (scenario, brokers, spr), rows = max(candidates, key=lambda g: (g[0][1], g[0][0]))
@@ -299,6 +310,8 @@ def summary_lines(runs: Sequence[Row], roles: Sequence[Row] = ()) -> list[str]:
     if not runs:
         return ["No runs were read."]
     for (scenario, brokers, spr), rows in _groups(runs):
+        if all(_modelled(r) and r.get("expected") is None for r in rows):
+            continue   # a model sweep point without messages: the tables and plots say it
         tree = next((r for r in rows if _is_tree(r)), None)
         parts = []
         for row in rows:
@@ -376,31 +389,44 @@ def _sensitivity(row: Row) -> bool:
 
 
 def plot_scale(runs: Sequence[Row]) -> bytes | None:
-    """Demand subscriptions and advisory receipts against stores per region, log scale:
-    the size sweep's runs (``SIZE_SWEEP``) only -- points from different workloads would
-    not be a controlled comparison."""
+    """Demand subscriptions and advisory receipts against stores, log scale: the size
+    sweep's runs (``SIZE_SWEEP``) only -- points from different workloads would not be a
+    controlled comparison.  Modelled rows (``treefed model --sweep``, out to 100,000
+    stores) are drawn as lines, emulated runs as points on top of them."""
     rows = [r for r in runs if str(r.get("scenario")).startswith(SIZE_SWEEP)
             and r.get("stores_per_region")]
     if not rows:
         return None
+
+    def stores(r: Row) -> int:
+        return int(r["stores_per_region"]) * int(r.get("regions") or 1)
+
     colour = _palette(runs)
     fig = Figure(figsize=(11, 4.2))
     axes = fig.subplots(1, 2)
     for ax, column, title in ((axes[0], "demand_created", "demand subscriptions created"),
                               (axes[1], "advisory_receipts", "advisory receipts")):
-        by_mode: dict[str, list[Row]] = defaultdict(list)
+        by_mode: dict[tuple, list[Row]] = defaultdict(list)
         for r in rows:
-            by_mode[str(r.get("mode"))].append(r)
-        for mode, series in sorted(by_mode.items(), key=lambda kv: _mode_key(kv[1][0])):
-            series.sort(key=lambda r: (r["stores_per_region"], r.get("brokers") or 0))
-            ax.plot([r["stores_per_region"] for r in series],
-                    [r.get(column) or 0 for r in series],
-                    marker="o", label=mode, color=colour[mode])
+            by_mode[(str(r.get("mode")), _modelled(r))].append(r)
+        for (mode, modelled), series in sorted(by_mode.items(),
+                                               key=lambda kv: (_mode_key(kv[1][0]),
+                                                               not kv[0][1])):
+            series.sort(key=lambda r: (stores(r), r.get("brokers") or 0))
+            xs = [stores(r) for r in series]
+            ys = [r.get(column) or 0 for r in series]
+            if modelled:
+                ax.plot(xs, ys, linestyle="-", marker=".", label=f"{mode} (model)",
+                        color=colour[mode], alpha=0.8)
+            else:
+                ax.plot(xs, ys, linestyle="none", marker="o", markersize=7,
+                        markerfacecolor="none", markeredgewidth=1.8,
+                        label=f"{mode} (emulated)", color=colour[mode])
         ax.set_yscale("log", nonpositive="mask")
-        xs = [r["stores_per_region"] for r in rows]
+        xs = [stores(r) for r in rows]
         if max(xs) >= 10 * min(xs):
             ax.set_xscale("log")
-        ax.set_xlabel("stores per region (4 regions)")
+        ax.set_xlabel("stores (all regions)")
         ax.set_ylabel(title)
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
@@ -452,7 +478,7 @@ def plot_spill(runs: Sequence[Row]) -> bytes | None:
     ax.barh([y + 0.2 for y in ys], useful, height=0.4, color="#2b7a3d", label="useful")
     ax.barh([y - 0.2 for y in ys], spilled, height=0.4, color="#c0392b", label="spilled")
     ax.set_yticks(list(ys), [f"{r.get('scenario')} ({_num(r.get('brokers'))}) · "
-                             f"{r.get('mode')}" for r in rows])
+                             f"{_mode(r)}" for r in rows])
     ax.invert_yaxis()
     ax.set_xscale("symlog", linthresh=1)
     ax.set_xlabel("advisory receipts")
@@ -607,6 +633,11 @@ _DEFINITIONS = (
     "message reached a broker that knew no subscriber for it; broker_killed: a "
     "non-persistent message held by a broker that was killed). Lost: none of these; a "
     "run whose lost is not 0 is refused.",
+    "Rows marked [model] were computed by treefed model, not emulated: the estate's first "
+    "convergence walked with the connectors' rules (exact against the replay engine "
+    "wherever both run), the workload's messages routed over that demand with the "
+    "brokers' dispatch rules. A modelled row has no log, so no convergence times; a "
+    "modelled sweep row without message figures shows \u2013 for them.",
 )
 
 
@@ -661,9 +692,9 @@ def render(runs: Sequence[Row], roles: Sequence[Row], out_dir: str | Path, *,
 
     plots: list[tuple[str, str, bytes]] = []   # (name, caption, png)
     if (png := plot_scale(runs)) is not None:
-        plots.append(("scale", "Size sweep (one workload, 4 regions): demand subscriptions "
-                               "and advisory receipts against stores per region (log "
-                               "scale).", png))
+        plots.append(("scale", "Size sweep (one workload): demand subscriptions and "
+                               "advisory receipts against stores (log scale); lines are "
+                               "modelled (treefed model), rings emulated runs.", png))
     if (png := plot_depth(runs)) is not None:
         plots.append(("depth", "Depth sweep (one workload, the same stores): spilled "
                                "advisories and stranded messages against levels below HQ.",

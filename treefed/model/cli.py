@@ -137,7 +137,8 @@ def cell_figures(folded, result) -> list[tuple[tuple[str, ...], dict[str, int]]]
 
 
 def model_rows(spark, scenario, modes: Sequence[str], *, engine: str = "spark",
-               cells: bool = True, check: bool = False, brokers_dir: Path | None = None
+               cells: bool = True, check: bool = False, brokers_dir: Path | None = None,
+               messages: bool = False, messages_dir: Path | None = None
                ) -> tuple[list[dict], list[dict], dict]:
     """Run the model for ``modes`` of ``scenario``: (run rows, tier rows, timings).
 
@@ -182,7 +183,14 @@ def model_rows(spark, scenario, modes: Sequence[str], *, engine: str = "spark",
             table = [(ms, {**row, **split.get(cid, _NO_SPLIT)})
                      for cid, (ms, row) in enumerate(cell_figures(folded, result))]
             lap("cells_s")
-        if engine == "exact" or check:
+        message_fig = None
+        if engine == "exact" and messages and not check:
+            # one walk for both: the message batches add up to the whole convergence
+            per_b: dict = {}
+            message_fig = message_figures(plan, mode, messages_dir, brokers=per_b)
+            lap("messages_s")
+            table = [((b,), per_b[b]) for b in estate.brokers]
+        elif engine == "exact" or check:
             exact = propagate(estate, groups)
             lap("exact_s")
             if check:
@@ -208,6 +216,11 @@ def model_rows(spark, scenario, modes: Sequence[str], *, engine: str = "spark",
         for k in keys:
             row[k] = sum(len(ms) * r.get(k, 0) for ms, r in table)
         row["max_demand"] = max((r["demand"] for _ms, r in table), default=0)
+        if messages:
+            if message_fig is None:
+                message_fig = message_figures(plan, mode, messages_dir)
+                lap("messages_s")
+            row.update(message_fig)
         by_tier: dict[str, dict] = {}
         for ms, r in table:
             per_tier: dict[str, int] = defaultdict(int)
@@ -232,6 +245,83 @@ def model_rows(spark, scenario, modes: Sequence[str], *, engine: str = "spark",
 
 
 _NO_SPLIT = {"sibling_spill": 0, "downward_interest": 0}
+
+MESSAGE_COLUMNS = ("msg", "kind", "sender", "dst", "expected", "delivered", "delivered_at",
+                   "stranded_at", "dropped_at", "path")
+
+
+def message_figures(plan, mode, out_dir: Path | None = None, *,
+                    brokers: dict | None = None) -> dict:
+    """The workload's sends under ``mode`` (``model/messages.py``, exact walk): the
+    run's accounting figures, and spill as the report defines it -- add receipts at a
+    broker that never sends to the destination (produced or forwarded a message of it),
+    split into sibling spill (at a store, about another store's consumer) and downward
+    spill (at a store, about a region's or HQ's consumer) -- and wasted demand (held
+    where the destination is never sent to); ``messages-<mode>.csv`` per sender ->
+    destination in ``out_dir`` when given.  Batch by batch (``route_batches``).
+    ``brokers``: a dict that receives every broker's figures of the whole first
+    convergence (``exact.per_broker``'s, plus the model's sibling spill and downward
+    interest as ``split_receipts`` counts them), so the exact engine need not walk twice."""
+    from treefed.model.exact import Counts
+    from treefed.model.messages import route_batches, senders, summarise
+
+    whole = Counts() if brokers is not None else None
+    kind = {b.id: b.kind for b in plan.topology.brokers}
+    parent = {b.id: b.parent for b in plan.topology.brokers}
+    above: dict[str, set] = {}
+    for b in kind:
+        chain, cur = set(), parent.get(b)
+        while cur is not None:
+            chain.add(cur)
+            cur = parent.get(cur)
+        above[b] = chain
+    split: dict = defaultdict(lambda: {"sibling_spill": 0, "downward_interest": 0})
+
+    stores = {b.id for b in plan.topology.brokers
+              if b.role == "leaf" or b.kind == "store"}
+    units = {m.id: m.units for m in plan.messages.values()}
+    outcomes = []
+    spilled = sibling = downward = wasted = 0
+    for part, counts, origins in route_batches(plan, mode, everything=True):
+        outcomes += part
+        send = senders(part)
+        if whole is not None:
+            for name in ("adds_sent", "adds_received", "dropped", "demand", "interest"):
+                mine = getattr(whole, name)
+                for k, v in getattr(counts, name).items():
+                    mine[k] += v
+            for (b, d, origin), n in origins.items():
+                if kind.get(b) == "store" and kind.get(origin) == "store":
+                    split[b]["sibling_spill"] += n
+                elif origin in above[b]:
+                    split[b]["downward_interest"] += n
+        for (b, d, origin), n in origins.items():
+            if b in send.get(d, ()):
+                continue
+            spilled += n
+            if b in stores:
+                if origin in stores:
+                    sibling += n
+                else:
+                    downward += n
+        wasted += sum(n for (b, d), n in counts.demand_by_dst.items()
+                      if b not in send.get(d, ()))
+    if whole is not None:
+        for b, row in whole.per_broker(kind).items():
+            brokers[b] = {**row, **split.get(b, _NO_SPLIT)}
+    fig = summarise(outcomes, units)
+    fig.update(spilled=spilled, spilled_sibling=sibling, spilled_downward=downward,
+               wasted_demand=wasted, messages=len(outcomes))
+    if out_dir is not None:
+        kinds = {m.id: m.kind for m in plan.messages.values()}
+        rows = [{"msg": o.send.id, "kind": kinds[o.send.id], "sender": o.send.broker,
+                 "dst": o.send.dst, "expected": units[o.send.id],
+                 "delivered": min(o.delivered, units[o.send.id]),
+                 "delivered_at": o.delivered_at or "", "stranded_at": o.stranded_at or "",
+                 "dropped_at": " ".join(o.dropped_at), "path": " ".join(o.path)}
+                for o in outcomes]
+        _write_csv(out_dir / f"messages-{mode.label}.csv", list(MESSAGE_COLUMNS), rows)
+    return fig
 
 
 def _write_brokers(path: Path, keys: Sequence[str], table, tiers: dict) -> None:
@@ -312,6 +402,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true",
                    help="run both engines and fail on any difference")
     p.add_argument("--no-brokers", action="store_true", help="skip brokers-<mode>.csv")
+    p.add_argument("--messages", action="store_true",
+                   help="also route the workload's messages over the modelled demand "
+                        "(exact walk, per broker): delivered / stranded and where, per "
+                        "sender -> destination in messages-<mode>.csv, and spill as the "
+                        "report defines it")
     p.add_argument("--sweep", metavar="TOTALS",
                    help="comma-separated total store counts (e.g. 10,100,1000,10000,"
                         "100000) spread over --regions (default 10): writes sweep.csv, "
@@ -354,7 +449,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             r, t, timings[scenario.name] = model_rows(
                 spark, scenario, args.modes or MODES, engine=args.engine,
                 cells=not args.flat, check=args.check,
-                brokers_dir=None if args.no_brokers or args.sweep else out)
+                brokers_dir=None if args.no_brokers or args.sweep else out,
+                messages=args.messages,
+                messages_dir=out if args.messages and not args.sweep else None)
             runs += r
             tiers += t
         if len(scenarios) == 1:
@@ -380,6 +477,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         meta["sweep_stores"] = [r["stores"] for r in runs[::len(args.modes or MODES)]]
         write_sweep(out, runs)
+    else:   # the report reads runs.csv (treefed report --model DIR)
+        from treefed.model.sweep import RUN_COLUMNS, _csv, run_rows
+
+        _csv(out / "runs.csv", [*RUN_COLUMNS, "source"], run_rows(runs))   # "" = not modelled
     (out / "model.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     for r in runs:
         print(f"{r['mode']:10} stores {r['stores']:>7}  brokers {r['brokers']:>7}  "

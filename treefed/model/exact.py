@@ -262,8 +262,13 @@ class _Shape:
 
 # -- the walk ------------------------------------------------------------------------
 
-def propagate(estate: Estate, groups: Sequence[Group]) -> Counts:
-    """Every group's interest, walked to quiet in replay order (module docstring)."""
+def propagate(estate: Estate, groups: Sequence[Group], *,
+              held: list | None = None, origins: dict | None = None) -> Counts:
+    """Every group's interest, walked to quiet in replay order (module docstring).
+    ``held``: a list that receives ``(broker, end, group index, priority, conduit)`` for
+    every accepted, active instance in walk order -- the demand the broker's core holds,
+    which ``messages.py`` routes messages over.  ``origins``: a dict that counts add
+    receipts per (broker, destination, origin broker)."""
     shape = _Shape(estate)
     counts = Counts()
     conduits: set[tuple[str, int, str]] = set()   # (broker, link index, dst)
@@ -300,6 +305,9 @@ def propagate(estate: Estate, groups: Sequence[Group]) -> Counts:
         r, n = end.broker, g.count
         counts.adds_received[r] += n
         counts.received_by_dst[r, g.dst] += n
+        if origins is not None:
+            k = (r, g.dst, g.broker)
+            origins[k] = origins.get(k, 0) + n
         sender_path = path[:-1]
         if not end.accepts:
             counts.dropped[r, "malformed"] += n
@@ -330,9 +338,13 @@ def propagate(estate: Estate, groups: Sequence[Group]) -> Counts:
                 conduits.add(key)
                 counts.demand[r] += 1
                 counts.demand_by_dst[r, g.dst] += 1
+            if held is not None:
+                held.append((r, end, gi, prio, True))
         else:
             counts.demand[r] += n
             counts.demand_by_dst[r, g.dst] += n
+            if held is not None:
+                held.append((r, end, gi, prio, False))
         counts.interest[r] += n
         advertise(r, gi, g, path, end)
     return counts

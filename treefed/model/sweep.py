@@ -83,6 +83,17 @@ def run_rows(rows: Sequence[dict]) -> list[dict]:
             # receipts of an ancestor's interest at any broker below it (stores and layers)
             "sibling_spill": r["sibling_spill"], "downward_spill": r["downward_interest"],
             "run_wall_s": r["wall_s"], "source": "model"})
+        if r.get("messages") not in (None, ""):   # --messages: the accounting and the
+            row = out[-1]                          # report's own spill definition
+            expected, delivered = int(r["expected"]), int(r["delivered"])
+            row.update({
+                "expected": expected, "delivered": delivered,
+                "delivery_ratio": round(delivered / expected, 4) if expected else "",
+                "stranded": r["stranded"], "stranded_at": r["stranded_at"],
+                "dropped": r["dropped"], "lost": 0,
+                "spilled_advisories": r["spilled"], "wasted_demand": r["wasted_demand"],
+                "sibling_spill": r["spilled_sibling"],
+                "downward_spill": r["spilled_downward"]})
     return out
 
 

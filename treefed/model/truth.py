@@ -13,7 +13,7 @@ from typing import Any
 
 from treefed.model.exact import Counts
 
-__all__ = ["steady_plan", "replay_counts"]
+__all__ = ["steady_plan", "replay_counts", "sends_plan", "replay_messages"]
 
 
 class _Tally:
@@ -64,3 +64,42 @@ def replay_counts(plan, mode) -> Counts:
             if n:
                 counts.interest[node.id] = n
     return counts
+
+
+def sends_plan(plan):
+    """``plan`` with only its workload sends (at ``SEND_AT``, on the settled estate):
+    no faults, no timeline sends -- what ``messages.route_plan`` models."""
+    steps, messages = [], {}
+    for step in plan.steps:
+        if step.action != "send":
+            continue
+        kept = tuple(m for m in step.messages if m.kind != "timeline")
+        if kept:
+            steps.append(dataclasses.replace(step, messages=kept))
+            messages.update((m.id, plan.messages[m.id]) for m in kept)
+    return dataclasses.replace(plan, steps=tuple(steps), messages=messages)
+
+
+def replay_messages(plan, mode) -> dict[str, dict]:
+    """Per workload message of a replay run of ``sends_plan(plan)``: ``delivered``
+    (expected units delivered), ``delivered_at`` (queue: the broker of the consumer that
+    took it), ``stranded_at`` (queue: where it waits) and the run's summary figures
+    under the key ``None``."""
+    from treefed.scenario.engines.replay import ReplayEngine
+    from treefed.scenario.results import Recorder
+
+    sends = sends_plan(plan)
+    rec = Recorder(sends, None)
+    engine = ReplayEngine(sends, mode, rec)
+    summary = engine.run()
+    out: dict = {None: summary}
+    for msg in sends.messages.values():
+        got = rec.deliveries.get(msg.id, [])
+        want = set(msg.expected)
+        hits = {k for k in got if k in want}
+        stranded = rec.holder.get(msg.id) if not msg.fanout and msg.id not in rec.done \
+            else None
+        out[msg.id] = {"delivered": len(hits) if msg.fanout else min(1, len(hits)),
+                       "delivered_at": got[0][0] if got and not msg.fanout else None,
+                       "stranded_at": stranded, "units": msg.units}
+    return out

@@ -9,10 +9,15 @@ modes are kept, the missing ones of that set added, then hands every run directo
 (``treefed.analysis.job.main``) and prints where the report is.  The default set is the
 size sweep ``sweep-size-4x0005`` .. ``4x0250`` (one workload, 4 regions, 5 to 250 stores
 each), the depth sweep ``sweep-depth-2`` .. ``4`` (240 stores, 2 to 4 levels below HQ),
-``reconfigure`` and ``churn``; ``--full`` adds ``sweep-size-4x1000`` (millions of events
-at TTL 2 and 3).  Java is checked before the first run (the report needs it).  A scenario is a file path or
-the name of a file in ``scenarios/`` (the working directory's, else the checkout's).
-Every scenario is validated before the first run starts.
+``reconfigure``, ``churn`` and the headline estate ``sweep-size-4x1000``: emulated in
+the tree, TTL 1, one-way and isolated modes, modelled (``treefed model --messages``, exact) in the modes whose
+replay does not fit make run's 2 GiB (TTL 2 and 3 need 4+ GiB, the tuned mesh ~1.9 GiB
+alone), plus a model sweep to 100,000 stores on Spark for the scale curves; the report
+marks modelled rows.  ``--full`` emulates every mode of 4 x 1,000 instead (4+ GiB), and
+``--no-model`` leaves the modelled rows out.  Java is checked before the first run (the
+report needs it).  A scenario is a file path or the name of a file in ``scenarios/``
+(the working directory's, else the checkout's).  Every scenario is validated before the
+first run starts.
 
 Each scenario runs in a child process that exits when it is done (``_run_apart``): a
 run's millions of objects leave the interpreter's heap fragmented and its RSS high after
@@ -40,8 +45,18 @@ __all__ = ["main", "DEFAULT_SCENARIOS", "FULL_SCENARIOS", "COMPARED_MODES",
 #: them), then the fault scenarios.
 SIZE_SWEEP = tuple(f"sweep-size-4x{n:04d}" for n in (5, 25, 100, 250))
 DEPTH_SWEEP = ("sweep-depth-2", "sweep-depth-3", "sweep-depth-4")
-DEFAULT_SCENARIOS = (*SIZE_SWEEP, *DEPTH_SWEEP, "reconfigure", "churn")
-FULL_SCENARIOS = (*DEFAULT_SCENARIOS, "sweep-size-4x1000")
+#: The headline estate, 4 x 1,000 stores, is in the default set too: emulated in the
+#: modes whose replay fits make run's memory budget (2 GiB over the process tree), and
+#: *modelled* in the others (``treefed model --messages``: the exact walk and the
+#: brokers' dispatch rules, equal to the replay engine wherever both run -- tests/model);
+#: the report marks the modelled rows.  ``--full`` emulates every mode instead.
+HEADLINE = "sweep-size-4x1000"
+HEADLINE_EMULATED = ("tree", "mesh-ttl1", "mesh-tuned-oneway", "nats-isolated")
+#: The model sweep behind the report's scale curves (total stores over 4 regions, the
+#: size sweep's shape and workload), on Spark.
+MODEL_SWEEP = "100,1000,10000,100000"
+DEFAULT_SCENARIOS = (*SIZE_SWEEP, *DEPTH_SWEEP, "reconfigure", "churn", HEADLINE)
+FULL_SCENARIOS = DEFAULT_SCENARIOS
 #: label -> (connector, options) every compared scenario runs under.
 COMPARED_MODES: dict[str, tuple[str, dict]] = {
     "tree": ("tree", {}),
@@ -121,7 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("scenarios", nargs="*", help="scenario names or files (default: "
                                                  + ", ".join(DEFAULT_SCENARIOS) + ")")
     p.add_argument("--full", action="store_true",
-                   help="also run sweep-size-4x1000 (4 x 1,000 stores)")
+                   help="emulate sweep-size-4x1000 in every mode (4+ GiB) instead of "
+                        "modelling the modes that do not fit 2 GiB")
     p.add_argument("--out", default="runs", help="directory for run directories")
     p.add_argument("--report", default=None,
                    help="report directory (default reports/compare-<time>)")
@@ -133,10 +149,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help=f"Spark driver heap for the report (default {DRIVER_MEMORY}: the "
                         "job reads the runs' Parquet parts and fits; keeps make run's whole "
                         "process tree under 2 GiB)")
+    p.add_argument("--no-model", action="store_true",
+                   help=f"emulate only: no modelled {HEADLINE} modes, no model sweep")
     args = p.parse_args(argv)
     names = args.scenarios or list(FULL_SCENARIOS if args.full else DEFAULT_SCENARIOS)
-    if args.full and args.scenarios and "sweep-size-4x1000" not in names:
-        names.append("sweep-size-4x1000")
+    if args.full and args.scenarios and HEADLINE not in names:
+        names.append(HEADLINE)
     try:
         scenarios = [with_compared_modes(load_scenario(find_scenario(n)),
                                          summary_budget=args.summary_budget)
@@ -164,6 +182,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         console = Console(width=132)
     started = time.perf_counter()
     run_dirs: list[str] = []
+    modelled: list[tuple[str, list[str]]] = []    # (scenario, modes) to model
+    if not args.full and not args.no_model:
+        scenarios, modelled = split_headline(scenarios)
     for scenario in scenarios:
         console.print(f"[bold]{scenario.name}[/]: {len(scenario.modes)} modes, replay engine",
                       highlight=False)
@@ -172,14 +193,67 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_dirs += [str(r.path) for r in results]
     console.print(f"{len(run_dirs)} runs in {time.perf_counter() - started:.0f} s",
                   highlight=False)
+    model_dirs = []
+    if not args.no_model and not args.no_report:
+        model_dirs = run_models(modelled, Path(args.out), console,
+                                sweep=not args.scenarios)
+        if model_dirs is None:
+            return 1
     if args.no_report:
         return 0
     report = args.report or f"reports/compare-{time.strftime('%Y%m%d-%H%M%S')}"
     from treefed.analysis.job import main as report_main
 
+    extra = [a for d in model_dirs for a in ("--model", d)]
     # it prints where the report is
-    return report_main([*run_dirs, "--out", report, "--driver-memory", args.driver_memory])
+    return report_main([*run_dirs, "--out", report, "--driver-memory", args.driver_memory,
+                        *extra])
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def split_headline(scenarios: list[Scenario]) -> tuple[list[Scenario], list[tuple]]:
+    """The headline estate emulated in ``HEADLINE_EMULATED`` modes only; its other
+    modes returned as (scenario name, mode labels) to model."""
+    kept, modelled = [], []
+    for sc in scenarios:
+        if sc.name != HEADLINE:
+            kept.append(sc)
+            continue
+        emulate = tuple(m for m in sc.modes if m.label in HEADLINE_EMULATED)
+        rest = [m.label for m in sc.modes if m.label not in HEADLINE_EMULATED]
+        kept.append(dataclasses.replace(sc, modes=emulate))
+        if rest:
+            modelled.append((sc.name, rest))
+    return kept, modelled
+
+
+def run_models(modelled: list[tuple], out: Path, console, *, sweep: bool) -> list[str] | None:
+    """``treefed model --messages`` (exact walk) for each (scenario, modes), and with
+    ``sweep`` the Spark model sweep (``MODEL_SWEEP``, 4 regions) for the scale curves,
+    each in a child process (its memory, and the sweep's JVM, gone before the report's
+    Spark job starts); returns the output directories (None: a model failed, it said
+    why on stderr)."""
+    import subprocess
+
+    def model(argv: list[str]) -> bool:
+        return subprocess.run([sys.executable, "-m", "treefed.model.cli", *argv]).returncode == 0
+
+    dirs = []
+    for name, modes in modelled:
+        d = out / f"model-{name}"
+        console.print(f"[bold]{name}[/]: modelling {', '.join(modes)} (exact, messages)",
+                      highlight=False)
+        argv = [name, "--engine", "exact", "--messages", "--no-brokers", "--out", str(d)]
+        for m in modes:
+            argv += ["--mode", m]
+        if not model(argv):
+            return None
+        dirs.append(str(d))
+    if sweep:
+        d = out / "model-sweep"
+        console.print(f"[bold]model sweep[/]: {MODEL_SWEEP} stores, 4 regions, on Spark",
+                      highlight=False)
+        if not model([HEADLINE, "--sweep", MODEL_SWEEP, "--regions", "4",
+                      "--driver-memory", "2g", "--out", str(d)]):
+            return None
+        dirs.append(str(d))
+    return dirs
