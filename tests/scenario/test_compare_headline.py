@@ -24,7 +24,8 @@ def test_headline_is_split_into_emulated_and_modelled_modes():
     scenarios = [_load("sweep-size-4x0005"), _load(compare.HEADLINE)]
     kept, modelled = compare.split_headline(scenarios)
     assert [m.label for m in kept[0].modes] == [m.label for m in scenarios[0].modes]
-    assert [m.label for m in kept[1].modes] == ["tree", "mesh-ttl1"]
+    assert [m.label for m in kept[1].modes] == ["tree", "mesh-ttl1", "mesh-tuned-oneway",
+                                                "nats-isolated"]
     assert modelled == [(compare.HEADLINE, ["mesh-ttl2", "mesh-ttl3", "mesh-tuned"])]
 
 

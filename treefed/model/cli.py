@@ -55,9 +55,9 @@ from treefed.errors import ConfigError  # noqa: E402
 __all__ = ["main", "model_rows", "MODES"]
 
 MODES = ("tree", "mesh-ttl1", "mesh-ttl2", "mesh-ttl3")
-#: accepted by --mode besides MODES (not run by default): the tuned baseline the report
-#: compares too (scenario/baselines.py)
-EXTRA_MODES = ("mesh-tuned",)
+#: accepted by --mode besides MODES (not run by default): the baselines the report
+#: compares too (scenario/baselines.py; equal to emulation: tests/model)
+EXTRA_MODES = ("mesh-tuned", "mesh-tuned-oneway", "nats-isolated")
 _FIGURES = ("adds_sent", "adds_received", "demand", "interest")
 
 
