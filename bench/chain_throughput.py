@@ -12,7 +12,8 @@ store (prefetch 1000, one ack per message, merged by the client):
   default), with the round trip's p50/p99 and the end-to-end p50/p99;
 * ``lat`` — non-persistent one-way latency at a fixed 1,000 msgs/s (open loop), and the
   same for ``lat_p`` with one-at-a-time persistent sends paced at 1,000 msgs/s;
-* per broker: RSS at idle and after the run (VmRSS) and CPU µs per message of each phase
+* per broker: RSS at idle (once the broker's idle trim ran), right after the run and
+  settled (idle again, trimmed) (VmRSS), and CPU µs per message of each phase
   (utime + stime from /proc);
 * ``relay`` — the same-run baseline: three bare relay processes (decode every frame,
   re-encode it, batch per read) between the same producer and consumer, non-persistent
@@ -389,7 +390,10 @@ async def chain_round(root: Path, mode: str, args: argparse.Namespace, rnd: int)
     try:
         for name in Chain.NAMES:
             await _wait_serving(chain.uri(name))
-        await trio.sleep(1.0)
+        # idle = after the broker's idle trim (node/trim.py: IDLE_TRIM_S without a batch)
+        from treefed.node.trim import IDLE_TRIM_S
+
+        await trio.sleep(2 * IDLE_TRIM_S + 1.5)   # a trim comes 1-2 intervals after the last batch
         idle = chain.rss()
         out: dict = {"rss_idle_mib": idle}
         async with connect(chain.uri("store1"), client_id="bench-consumer") as cons, \
@@ -412,6 +416,8 @@ async def chain_round(root: Path, mode: str, args: argparse.Namespace, rnd: int)
                 out[kind] = await _phase(chain, prod, sub, n, kind, f"{kind}{rnd}")
                 await trio.sleep(0.5)
         out["rss_after_mib"] = chain.rss()
+        await trio.sleep(2 * IDLE_TRIM_S + 1.5)   # a trim comes 1-2 intervals after the last batch
+        out["rss_settled_mib"] = chain.rss()    # idle again, after the trim
         return out
     finally:
         chain.stop()
@@ -445,6 +451,8 @@ def _summary(rounds: dict[str, list[dict]], relay: list[dict]) -> dict:
                              for b in Chain.NAMES}
         m["rss_after_mib"] = {b: _median([r["rss_after_mib"][b] for r in rs])
                               for b in Chain.NAMES}
+        m["rss_settled_mib"] = {b: _median([r["rss_settled_mib"][b] for r in rs])
+                                for b in Chain.NAMES}
         m["vs_activemq"] = {
             "np": round(m["np_msgs_per_s"] / ACTIVEMQ["chain_np_msgs_per_s"], 3),
             "p_sync": round(m["p_sync_msgs_per_s"] / ACTIVEMQ["chain_p_sync_msgs_per_s"], 3),

@@ -312,6 +312,20 @@ def _run_client(coro_fn: Any, args: argparse.Namespace) -> int:
         return 130
 
 
+def _import_structlog_plain() -> None:
+    """Import structlog with ``rich`` hidden, in the broker process only: structlog's
+    console renderer imports rich (and pygments) when it is installed, ~4 MiB of RSS a
+    broker never uses (it writes JSON lines; on a terminal, tracebacks print plain).
+    Issue #14: idle broker RSS."""
+    if "structlog" in sys.modules or "rich" in sys.modules:
+        return
+    sys.modules["rich"] = None  # type: ignore[assignment]  # import rich -> ImportError
+    try:
+        import structlog  # noqa: F401
+    finally:
+        del sys.modules["rich"]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
@@ -327,6 +341,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return _delegate(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "broker":
+        _import_structlog_plain()
         from treefed.config import load_config
         from treefed.errors import ConfigError
 

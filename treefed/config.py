@@ -33,7 +33,6 @@ apart from ``source_path``.
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import re
@@ -370,6 +369,8 @@ def _join(prefix: str, key: str) -> str:
 
 
 def _suggest(word: str, known: Any, what: str = "keys") -> str:
+    import difflib   # only for a misspelt key (idle broker RSS, issue #14)
+
     close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
     if close:
         return f'; did you mean "{close[0]}"?'

@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-``compile_selector(text)`` parses ``text`` once with a LALR grammar (lark, built once at
-import), refuses what can be decided without a message (literal type clashes such as
+``compile_selector(text)`` parses ``text`` once with a LALR grammar (lark, imported and
+built at the first selector, so a broker nobody sends a selector never loads it), refuses what can be decided without a message (literal type clashes such as
 ``'a' = 1``, LIKE/ESCAPE shapes, length and nesting limits) and turns the tree into
 nested closures ``fn(headers, message)``.  Evaluating a selector is then plain Python
 calls -- no tree walking per message.  Compiled selectors are cached by text, because
@@ -34,12 +34,12 @@ from __future__ import annotations
 import functools
 import operator
 import re
-from typing import Any, Callable
-
-from lark import Lark, Token, Tree
-from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+from typing import TYPE_CHECKING, Any, Callable
 
 from treefed.errors import SelectorError
+
+if TYPE_CHECKING:   # lark is imported by _parser(), at the first selector (issue #14)
+    from lark import Lark, Token, Tree
 
 __all__ = ["Selector", "compile_selector", "MAX_SELECTOR_LENGTH", "MAX_DEPTH"]
 
@@ -116,7 +116,15 @@ _COMMA: ","
 %ignore /\s+/
 """
 
-_PARSER = Lark(_GRAMMAR, parser="lalr", lexer="basic", propagate_positions=True)
+
+
+@functools.cache
+def _parser() -> Lark:
+    """The LALR parser, built once, on first use: importing lark and building the
+    grammar costs ~6 MiB of RSS that a broker without selectors does not need."""
+    from lark import Lark
+
+    return Lark(_GRAMMAR, parser="lalr", lexer="basic", propagate_positions=True)
 
 # Static kinds: what a sub-expression can be known to yield before any message exists.
 _BOOL, _NUM_K, _STR, _ANY = "boolean", "number", "string", "any"
@@ -233,8 +241,11 @@ def _describe_found(tok: Token) -> str:
 
 
 def _parse(text: str) -> Tree:
+    parser = _parser()
+    from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+
     try:
-        return _PARSER.parse(text)
+        return parser.parse(text)
     except UnexpectedCharacters as e:
         pos = e.pos_in_stream
         ch = text[pos] if pos is not None and pos < len(text) else ""
@@ -297,6 +308,8 @@ def _fold(fn: _Fn, kind: str, *kids: _Node) -> _Node:
 
 
 def _pos(t: Tree | Token) -> int | None:
+    from lark import Token   # loaded: ``t`` came from the parser
+
     if isinstance(t, Token):
         return t.start_pos
     return getattr(t.meta, "start_pos", None)

@@ -10,7 +10,11 @@ has a reader task and a writer task:
   pushes ``(conn, frames)`` into one bounded memory channel, the *inbox*; a full inbox
   stops the readers, so TCP pushes back on producers instead of memory growing;
 * the writer sleeps until its connection's outgoing list is non-empty, then encodes the
-  whole list and writes it with ONE ``send_all``.
+  whole list and writes it with ONE ``send_all``.  While the writer is idle, the site
+  task writes a plain TCP connection's list itself, with one non-blocking write at the
+  end of the batch, and leaves the writer only what the socket did not take
+  (``_send_now``, issue #14: a lone message crosses a broker in two task steps, reader
+  and site task, not three).
 
 The site task awaits the inbox once, then takes whatever else is already there without
 waiting — that is the *batch*.  It feeds each frame to the Site and performs the returned
@@ -102,6 +106,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import os
 import random
 import secrets
 import time
@@ -126,14 +131,13 @@ from treefed.persistence import MemoryStore
 from treefed.node.login import LoginGate
 from treefed.security.guard import Guard
 from treefed.transport.backoff import backoff_for
-from treefed.node.stomp_conn import StompStream
 from treefed.transport.framed import FramedStream
 from treefed.transport.streams import connect_with_retry, open_tcp, peer_address, serve_tcp
 from treefed.transport.tls import peer_identity, serve_tls
 from treefed.transport.uri import Endpoint, Failover, Static, parse_uri
 from treefed.node import stat_pages
 from treefed.security.guard import STAT_REF
-from treefed.wire.codec import check_hello, encode
+from treefed.wire.codec import check_hello, encode, encode_many
 from treefed.wire.ids import SCOPE_SEP, destination_scope, original, producer_scope
 from treefed.wire.frames import (PROTOCOL_VERSION, Admin, Bye, Deliver, Error, Forward,
                                  ForwardAck, Hello, Ping, Pong, Receipt, Send, StatReply,
@@ -245,7 +249,7 @@ class _Conn:
     __slots__ = ("id", "kind", "framed", "out", "wake", "high_water", "paused", "resume",
                  "closing", "dead", "writer_done", "hello", "dialer", "peer",
                  "remote", "opened", "last_rx", "pinged", "user", "guard", "scope", "rtt",
-                 "out_bytes", "producer", "scopes")
+                 "out_bytes", "producer", "scopes", "busy", "raw", "sock")
 
     def __init__(self, conn_id: str, framed: FramedStream, remote: str,
                  dialer: Dialer | None) -> None:
@@ -276,6 +280,13 @@ class _Conn:
         self.producer: str | None = None    # a client's producer scope: appended to the
         #                                     ids it sends (wire/ids.py, issue #12)
         self.scopes: dict[str, str] = {}    # destination text -> its scope (a cache)
+        # issue #14, latency: the site task writes ``out`` itself while the writer is idle
+        # (``BrokerNode._send_now``); ``raw`` is what the socket did not take then
+        self.busy = False                   # the writer is inside a send
+        self.raw = b""                      # encoded bytes the writer sends before ``out``
+        stream = framed.stream
+        self.sock = stream if (type(framed) is FramedStream
+                               and type(stream) is trio.SocketStream) else None
 
     def queue(self, frame: Any) -> None:
         self.out.append(frame)
@@ -405,6 +416,7 @@ class BrokerNode:
         self.commits = 0            # store transactions
         self.store_full = False     # the last commit found the store full: persistent
         #                             sends are refused at the door until store.room()
+        self._space_wanted = trio.Event()   # set with store_full: wakes _watch_space
         self._unsaved: tuple[list, list] = ([], [])  # deletes/consumed a full store refused
         self.commit_seconds = 1.0   # moving average of commit durations (starts "slow")
         self.inline_commits = 0     # commits run on the site task (stat, tests)
@@ -443,6 +455,7 @@ class BrokerNode:
                       consumed=len(consumed))
         if not self.store.room():
             self.store_full = True
+            self._space_wanted.set()
             self.log.warning("store.full", refused=0, at="start")
         return len(messages)
 
@@ -537,7 +550,10 @@ class BrokerNode:
     async def _run_conn(self, stream: trio.abc.Stream, dialer: Dialer | None,
                         protocol: str = "treefed") -> None:
         remote = peer_address(stream) or "?"
-        framed_cls = StompStream if protocol == "stomp" else FramedStream
+        if protocol == "stomp":   # imported when used: idle broker RSS (issue #14)
+            from treefed.node.stomp_conn import StompStream as framed_cls
+        else:
+            framed_cls = FramedStream
         c = _Conn(self._new_id(), framed_cls(stream, self.config.broker.max_frame_bytes),
                   remote, dialer)
         if dialer is not None:
@@ -589,7 +605,10 @@ class BrokerNode:
                 frames = await framed.receive_frames()
                 c.last_rx = trio.current_time()
                 self._inbox_bytes += _body_bytes(frames)
-                await inbox.send((c, frames))
+                try:    # room in the inbox (the usual case): no extra scheduler pass
+                    inbox.send_nowait((c, frames))     # (issue #14, latency)
+                except trio.WouldBlock:
+                    await inbox.send((c, frames))
         except FrameError as exc:
             await inbox.send((c, exc))
         except (trio.EndOfChannel, *_SOCKET_ERRORS):
@@ -635,10 +654,21 @@ class BrokerNode:
             while True:
                 await c.wake.wait()
                 c.wake = trio.Event()
+                if c.raw:
+                    data, c.raw = c.raw, b""
+                    c.busy = True
+                    try:
+                        await framed.stream.send_all(data)
+                    finally:
+                        c.busy = False
                 if c.out:
                     frames, c.out = c.out, []
                     c.out_bytes = 0
-                    await framed.send_frames(frames)
+                    c.busy = True
+                    try:
+                        await framed.send_frames(frames)
+                    finally:
+                        c.busy = False
                     if c.out:
                         continue
                 if c.closing:
@@ -731,6 +761,12 @@ class BrokerNode:
         ``SPACE_PROBE`` seconds whether it has room again; between batches, since the
         store serves one thread at a time."""
         while True:
+            if not self.store_full:
+                # asleep until a commit finds the store full: thousands of idle nodes in
+                # one process (memory engine) must not each wake twice a second (#14)
+                await self._space_wanted.wait()
+                self._space_wanted = trio.Event()
+                continue
             await trio.sleep(SPACE_PROBE)
             if not self.store_full:
                 continue
@@ -761,12 +797,19 @@ class BrokerNode:
                     batch.append(inbox.receive_nowait())
             except trio.WouldBlock:
                 pass
-            async with self._batch_lock:
-                try:
-                    await self._handle_batch(batch, deadline)
-                except Exception as exc:   # last resort: log it, keep serving (#12)
-                    self.log.error("site.batch_failed", error=repr(exc), exc_info=exc,
-                                   conns=sorted({c.id for c, _ in batch}))
+            # uncontended (the usual case) without ``await acquire()``: its checkpoint
+            # would cost every batch a pass through the scheduler (issue #14, latency)
+            try:
+                self._batch_lock.acquire_nowait()
+            except trio.WouldBlock:
+                await self._batch_lock.acquire()
+            try:
+                await self._handle_batch(batch, deadline)
+            except Exception as exc:   # last resort: log it, keep serving (#12)
+                self.log.error("site.batch_failed", error=repr(exc), exc_info=exc,
+                               conns=sorted({c.id for c, _ in batch}))
+            finally:
+                self._batch_lock.release()
 
     async def _handle_batch(self, batch: list, deadline: float | None) -> None:
         """Feed one batch to the Site, then perform all it asked for (one commit)."""
@@ -1091,6 +1134,7 @@ class BrokerNode:
             more: list = []
             if refused is not None:
                 deferred = self._take_back(refused, stores, deferred, now, more)
+            ready: list = []    # connections given frames: written after the loop
             for a in deferred:
                 c = conns.get(a.conn)
                 if c is None or c.closing:
@@ -1115,15 +1159,50 @@ class BrokerNode:
                                                        "queued: the connection does not "
                                                        "keep up"))
                         self._forget(c, now, more)
-                    c.wake.set()
+                    ready.append(c)
                 else:
                     if a.error is not None:
                         c.out.append(a.error)
                     self._forget(c, now, more)
+            for c in ready:
+                self._send_now(c)
             actions = more
         if self._threaded_store and self._checkpoint_due():
             # the receipts are queued: the writers send them while the WAL is copied
             await _in_thread(self.store.checkpoint)
+
+    @staticmethod
+    def _send_now(c: _Conn) -> None:
+        """Write ``c.out`` to the socket from the site task when the connection's writer
+        is idle, instead of waking the writer (issue #14: one task switch and one
+        scheduler pass less per hop, so a lone message does not wait for them).  Only a
+        plain TCP treefed connection; the socket is non-blocking, so this never waits:
+        what it does not take at once goes to ``c.raw`` and the writer sends it first.
+        Whenever the writer is busy, ``raw`` is pending, the connection is closing or
+        the write fails, the writer is woken as before (and meets the error itself)."""
+        if not c.out:
+            return
+        sock = c.sock
+        if c.busy or c.raw or c.closing or sock is None:
+            c.wake.set()
+            return
+        fd = sock.socket.fileno()
+        if fd < 0:
+            c.wake.set()
+            return
+        try:
+            data = encode_many(c.out)
+            sent = os.write(fd, data)
+        except BlockingIOError:
+            sent = 0
+        except Exception:       # noqa: BLE001 - the writer reports it as before
+            c.wake.set()
+            return
+        c.out = []
+        c.out_bytes = 0
+        if sent < len(data):
+            c.raw = data[sent:]
+            c.wake.set()
 
     def _checkpoint_due(self) -> bool:
         due = getattr(self.store, "checkpoint_due", None)
@@ -1215,6 +1294,7 @@ class BrokerNode:
                 if not self.store_full:
                     self.log.warning("store.full", refused=len(stores))
                 self.store_full = True
+                self._space_wanted.set()
                 exc = _STORE_FULL
             if stores and (deletes or consumed):
                 try:

@@ -30,6 +30,7 @@ from treefed.config import BrokerConfig
 from treefed.errors import TreefedError
 from treefed.log import configure_logging, get_logger, reopen_log_file
 from treefed.node.node import BrokerNode
+from treefed.node.trim import trim_when_idle
 from treefed.persistence import SqliteStore, acquire_lock, read_lock
 
 __all__ = ["run_broker", "serve_until_signal", "wait_for_lock", "SLAVE_POLL"]
@@ -47,12 +48,14 @@ async def serve_until_signal(node: BrokerNode,
     with trio.open_signal_receiver(*signals, signal.SIGHUP) as received:
         async with trio.open_nursery() as nursery:
             await nursery.start(node.serve)
+            nursery.start_soon(trim_when_idle, node)   # idle RSS (issue #14)
             async for signum in received:
                 node.log.info("broker.signal", signal=signal.Signals(signum).name)
                 if signum == signal.SIGHUP and signum not in signals:
                     await _reload(node)
                     continue
                 await node.shutdown()
+                nursery.cancel_scope.cancel()   # the idle trimmer
                 return signum
     return 0  # pragma: no cover - the receiver never ends by itself
 
