@@ -87,15 +87,18 @@ class IdWindow:
     # ------------------------------------------------------------------ queries
 
     def __contains__(self, msg_id: str) -> bool:
+        if not self._live:
+            return False      # e.g. a relay broker's consumed window: no local consumer
         if msg_id in self._other:
             return True
         ps = _split(msg_id)
-        if ps is None:
-            return False
-        slot = self._slots.get(ps[0])
+        return ps is not None and self._has(ps[0], ps[1])
+
+    def _has(self, key: str, seq: int) -> bool:
+        slot = self._slots.get(key)
         if slot is None:
             return False
-        off = ps[1] - self._base[slot]
+        off = seq - self._base[slot]
         bits = self._bits[slot]
         return 0 <= off < 8 * len(bits) and bool(bits[off >> 3] & (1 << (off & 7)))
 
@@ -116,9 +119,11 @@ class IdWindow:
     # ------------------------------------------------------------------ changes
 
     def add(self, msg_id: str) -> None:
-        if self.window <= 0 or msg_id in self:
+        if self.window <= 0 or msg_id in self._other:
             return
-        ps = _split(msg_id)
+        ps = _split(msg_id)   # once: ``in self`` would split it again
+        if ps is not None and self._has(ps[0], ps[1]):
+            return
         if ps is None or not self._set_bit(*ps):
             self._other.add(msg_id)
             self._other_order.append(msg_id)
