@@ -1150,7 +1150,10 @@ class Broker:
         elif not c.topic and self._dups.window > 0:
             consume = self._dups.consume
             for m in msgs:
-                consume(m.id)
+                if m.persistent or m.path:
+                    # only these can come again: a producer re-sends unconfirmed
+                    # persistent sends, a peer re-forwards what it saw no ForwardAck for
+                    consume(m.id)
                 settle(m, out, True)   # DeleteMessage(consumed=True): stored with it
         else:
             for m in msgs:

@@ -14,13 +14,19 @@ with any path), so there only "held or consumed" tells a duplicate, and topic co
 ``Duplicates`` keeps the three books:
 
 * ``held``: id -> copies held here (a DLQ copy shares the id of the message it came from);
-* ``consumed``: the newest ``window`` ids local consumers acked -- they go to the store
+* ``consumed``: the newest ``window`` ids local consumers acked that can come again -- a
+  persistent message (its producer re-sends it if the receipt was lost) or one that came
+  over a link (its peer re-forwards it if the ForwardAck was lost); a non-persistent
+  message a local producer sent is never re-sent, so the broker does not call ``consume``
+  for it (issue #14: those ids filled the window for nothing).  They go to the store
   with ``DeleteMessage(consumed=True)`` and come back after a restart (``restore``), so a
   copy the upstream re-forwards because our ForwardAck was lost is still a duplicate;
 * ``seen``: the newest ``window`` forwarded keys accepted (never stored: ids that were
   only forwarded on may come back after a restart, on a tree link as a replay).
 
-``window`` <= 0 turns the consumed and seen books off (held always counts).
+``window`` <= 0 turns the consumed and seen books off (held always counts).  Both windows
+are ``core/idwindow.IdWindow``: exact membership, one bit per id for ``<producer>:<seq>``
+ids, no Python object per id (so a busy spell's heap is not pinned by survivors).
 
 Public surface: ``Duplicates`` -- ``known``, ``check_forward``, ``hold``, ``release``,
 ``remember``, ``forget``, ``consume``, ``restore``, and the read-only views ``held``,
@@ -29,8 +35,9 @@ Public surface: ``Duplicates`` -- ``known``, ``check_forward``, ``hold``, ``rele
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Iterable
+
+from treefed.core.idwindow import IdWindow
 
 __all__ = ["Duplicates", "TOPIC_PREFIXES"]
 
@@ -41,15 +48,13 @@ TOPIC_PREFIXES = ("topic://", "temp-topic://")
 class Duplicates:
     """The held / consumed / seen books of one broker (see the module docstring)."""
 
-    __slots__ = ("window", "held", "consumed", "_consumed_order", "seen", "_seen_order")
+    __slots__ = ("window", "held", "consumed", "seen")
 
     def __init__(self, window: int = 100_000) -> None:
         self.window = window
         self.held: dict[str, int] = {}           # queue message id -> copies held here
-        self.consumed: set[str] = set()          # ids a local consumer acked (window)
-        self._consumed_order: deque[str] = deque()
-        self.seen: set[str] = set()              # forwarded keys accepted (window)
-        self._seen_order: deque[str] = deque()
+        self.consumed = IdWindow(window)         # ids a local consumer acked (window)
+        self.seen = IdWindow(window)             # forwarded keys accepted (window)
 
     def known(self, msg_id: str) -> bool:
         """A copy of ``msg_id`` is held here or a local consumer already took it."""
@@ -82,15 +87,14 @@ class Duplicates:
             held[msg_id] = n - 1
         else:
             held.pop(msg_id, None)
+            if not held:
+                # a dict never shrinks on deletion: after a backlog of 100,000 its
+                # table (~4 MiB) would stay until as many inserts again (issue #14)
+                self.held = {}
 
     def remember(self, key: str) -> None:
         """An accepted forward's key (``check_forward``) joins the seen window."""
-        if self.window <= 0 or key in self.seen:
-            return
         self.seen.add(key)
-        self._seen_order.append(key)
-        if len(self._seen_order) > self.window:
-            self.seen.discard(self._seen_order.popleft())
 
     def forget(self, msg_id: str, hops: int) -> None:
         """Forget that ``msg_id`` (with ``hops``: its tree key) was seen: the message
@@ -101,10 +105,6 @@ class Duplicates:
     def consume(self, msg_id: str) -> None:
         """A local consumer acked ``msg_id`` (only called with a window > 0)."""
         self.consumed.add(msg_id)
-        order = self._consumed_order
-        order.append(msg_id)
-        if len(order) > self.window:
-            self.consumed.discard(order.popleft())
 
     def restore(self, consumed: Iterable[str]) -> None:
         """Ids local consumers acked before a restart, oldest first (the store's
@@ -113,10 +113,6 @@ class Duplicates:
         if window <= 0:
             return
         ids = consumed if isinstance(consumed, list) else list(consumed)
-        if len(ids) > window:
-            ids = ids[-window:]
-        seen, order = self.consumed, self._consumed_order
-        seen.update(ids)
-        order.extend(ids)
-        while len(order) > window:
-            seen.discard(order.popleft())
+        add = self.consumed.add
+        for msg_id in ids[-window:]:
+            add(msg_id)

@@ -1115,6 +1115,7 @@ class BrokerNode:
             more: list = []
             if refused is not None:
                 deferred = self._take_back(refused, stores, deferred, now, more)
+            merged: dict = {}   # conn -> the ForwardAck this loop made (see below)
             for a in deferred:
                 c = conns.get(a.conn)
                 if c is None or c.closing:
@@ -1123,6 +1124,17 @@ class BrokerNode:
                     frame = a.frame
                     if c.producer is not None and type(frame) in _ANSWERS:
                         frame = _unscoped(frame)   # a client hears its own ids back
+                    if type(frame) is ForwardAck and c.out \
+                            and type(c.out[-1]) is ForwardAck:
+                        # one ForwardAck frame per read batch, not one per forward
+                        # (issue #14): ids join the unsent ack right before them, so
+                        # nothing is reordered and a lone forward's ack goes at once
+                        last = c.out[-1]
+                        if merged.get(c) is not last:
+                            last = c.out[-1] = merged[c] = ForwardAck(list(last.ids))
+                        last.ids.extend(frame.ids)
+                        touched[c] = None
+                        continue
                     c.out.append(frame)
                     if type(frame) is Deliver and c.kind is _CLIENT and pending_cap:
                         c.out_bytes += len(frame.body) + 64
