@@ -590,8 +590,8 @@ def plot_sensitivity(runs: Sequence[Row]) -> bytes | None:
         key = (str(r.get("scenario")), r.get("depth"), r.get("brokers"))
         if _plain_ttl(r):
             series[key].append(r)
-        elif _is_tree(r):
-            trees[key] = r
+        elif _is_tree(r) and (key not in trees or r.get("mode") == "tree"):
+            trees[key] = r    # the plain tree's line, not a variant's (tree-summary...)
     colours = ["#2980b9", "#c0392b", "#8e44ad", "#e67e22", "#16a085", "#7f8c8d"]
     panels = (("delivery_ratio", "delivered / expected"), ("stranded", "stranded messages"),
               ("spilled_advisories", "spilled advisories"))
