@@ -25,8 +25,20 @@ def test_headline_is_split_into_emulated_and_modelled_modes():
     kept, modelled = compare.split_headline(scenarios)
     assert [m.label for m in kept[0].modes] == [m.label for m in scenarios[0].modes]
     assert [m.label for m in kept[1].modes] == ["tree", "mesh-ttl1", "mesh-tuned-oneway",
-                                                "nats-isolated"]
+                                                "nats-isolated", "tree-summary",
+                                                "tree-resync"]
     assert modelled == [(compare.HEADLINE, ["mesh-ttl2", "mesh-ttl3", "mesh-tuned"])]
+
+
+def test_only_modelled_modes_are_asked_of_the_model(monkeypatch):
+    """A headline mode the model does not compute (a tree variant, were it not emulated
+    there) is never passed to ``treefed model``: it would exit 2 on an unknown --mode."""
+    monkeypatch.setattr(compare, "HEADLINE_EMULATED", ("tree",))
+    _, modelled = compare.split_headline([_load(compare.HEADLINE)])
+    assert modelled == [(compare.HEADLINE, ["mesh-ttl1", "mesh-ttl2", "mesh-ttl3",
+                                            "mesh-tuned", "mesh-tuned-oneway",
+                                            "nats-isolated"])]
+    assert set(modelled[0][1]) <= set(compare.MODELLED)
 
 
 def test_modelled_modes_are_written_for_the_report(tmp_path):

@@ -152,12 +152,20 @@ class TestScenarioCli:
 class TestCompare:
     def test_adds_missing_modes(self) -> None:
         """Compared scenarios run tree, mesh TTL 1..3 and the tuned baselines (mesh,
-        one-way mesh, NATS-style isolated leaves); their own modes are kept."""
+        one-way mesh, NATS-style isolated leaves) and the tree variants tree-summary
+        (summary_budget 50) and tree-resync (resync_grace 30 s); their own modes are kept."""
         sc = compare.with_compared_modes(load_scenario(SCENARIOS / "reconfigure.toml"))
         assert [m.label for m in sc.modes] == ["tree", "mesh-ttl2", "mesh-ttl1", "mesh-ttl3",
                                                "mesh-tuned", "mesh-tuned-oneway",
-                                               "nats-isolated"]
+                                               "nats-isolated", "tree-summary",
+                                               "tree-resync"]
         assert sc.mode("mesh-ttl3").options == {"network_ttl": 3, "duplex": True}
+        assert sc.mode("tree-summary").options == {
+            "summary_budget": 50, "summary_owned": ["queue://Store.{broker}.>"]}
+        assert sc.mode("tree-resync").options == {"resync_grace": 30.0}
+        off = compare.with_compared_modes(load_scenario(SCENARIOS / "reconfigure.toml"),
+                                          summary_budget=0)
+        assert "tree-summary" not in [m.label for m in off.modes]
 
     def test_finds_scenarios_by_name(self) -> None:
         """A bare name resolves to scenarios/<name>.toml; an unknown one is a ConfigError."""
@@ -166,14 +174,15 @@ class TestCompare:
             compare.find_scenario("no-such-scenario")
 
     def test_runs_without_report(self, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-        """`compare --no-report retail-small` runs the seven compared modes."""
+        """`compare --no-report retail-small` runs the nine compared modes."""
         rc = compare.main(["retail-small", "--no-report", "--out", str(tmp_path)])
         assert rc == 0
         assert sorted(p.name.split("-replay-")[0] for p in tmp_path.iterdir()) == [
             "retail-small-mesh-ttl1", "retail-small-mesh-ttl2", "retail-small-mesh-ttl3",
             "retail-small-mesh-tuned", "retail-small-mesh-tuned-oneway",
-            "retail-small-nats-isolated", "retail-small-tree"]
-        assert "7 runs" in capsys.readouterr().out
+            "retail-small-nats-isolated", "retail-small-tree", "retail-small-tree-resync",
+            "retail-small-tree-summary"]
+        assert "9 runs" in capsys.readouterr().out
 
     def test_unknown_scenario_exits_2(self, capsys: pytest.CaptureFixture) -> None:
         """An unknown scenario name exits 2 before anything runs."""

@@ -116,6 +116,9 @@ RUN_COLUMNS: tuple[str, ...] = (
     "finished", "problems",
     # spill by origin, and recovery after fault events apart from the first convergence
     "sibling_spill", "downward_spill", "fault_events", "recovery_max_s", "recovery",
+    # the tree variants against the plain tree (variants.py): HQ's demand entries,
+    # messages sent down a subtree with no consumer, advisory frames after each fault
+    "root_demand", "extra_hops", "recovery_frames", "recovery_frames_by_event",
 )
 
 #: Columns of per_role.csv / the per-role table, in order.
@@ -129,7 +132,7 @@ ROLE_COLUMNS: tuple[str, ...] = (
 #: The event fields the metrics read; ``compute`` parses and caches only these.
 USED_COLUMNS: tuple[str, ...] = (
     "run", "ts", "broker", "event", "kind", "consumer", "dst", "msg", "role", "node_type",
-    "origin",
+    "origin", "peer",
     "parent", "scenario", "mode", "engine", "brokers", "links", "params", CORRUPT,
 )
 
@@ -750,6 +753,11 @@ def compute(spark: SparkSession, paths: list[str], *,
     runs = runs_table(info, read_summaries(spark, paths), line_counts(parsed), brokers,
                       delivery_metrics(events), convergence(events, faults),
                       stranded_where(events), recovery(events, faults))
+    from treefed.analysis.variants import variant_metrics
+
+    runs = (runs.join(variant_metrics(events, brokers, roles_of, info, faults), "run", "left")
+            .select(*RUN_COLUMNS)
+            .orderBy("scenario", "brokers", F.col("ttl").isNotNull(), "ttl", "mode", "run"))
     roles = per_role(brokers, roles_of, info)
     return Tables(runs=runs, per_role=roles, brokers=brokers,
                   cached=(parsed, interested, brokers))

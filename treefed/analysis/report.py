@@ -74,6 +74,11 @@ MODE_COSTS: dict[str, tuple[str, str]] = {
                      "(queue://Store.{broker}.>), the same two keys in every file",
                      "none; a store queue nobody below consumes waits at its region "
                      "instead of HQ (one hop down from HQ: bench/tree_summary.py)"),
+    "tree-resync": ("the tree connector plus resync_grace (seconds both ends keep a "
+                    "link's interest after it drops), the same key in every file",
+                    "none: a link back within the grace exchanges only the interest "
+                    "that changed; past it (or after a restart) a full resync, as the "
+                    "plain tree"),
     "mesh-ttl": ("one network TTL for the whole estate, duplex connectors; the same file "
                  "for every store",
                  "TTL below the estate's depth strands HQ-to-store, store-to-HQ and "
@@ -147,6 +152,42 @@ def costs(runs: Sequence[Row]) -> tuple[str, list[list[str]]]:
                       _num(r.get("sibling_spill")), _num(r.get("downward_spill")),
                       _num(r.get("stranded")), _pct(r)])
     return f"{scenario} ({_num(brokers)} brokers)", table
+
+
+#: The tree variants shown against the plain tree (issue 18): summarisation at branches
+#: and delta resync on reconnect.
+TREE_VARIANTS = ("tree-summary", "tree-resync")
+VARIANT_COLUMNS = ("scenario", "brokers", "mode", "HQ demand entries", "vs tree",
+                   "extra hops", "advisory frames", "recovery frames", "vs tree",
+                   "recovery frames per fault event (at: frames)", "delivered / expected",
+                   "stranded")
+
+
+def variants(runs: Sequence[Row]) -> list[list[str]]:
+    """Per estate with a plain ``tree`` run and a tree variant: the plain tree and each
+    variant, with HQ's (the root's) peak demand entries, the extra hops (messages sent
+    down a subtree with no consumer for them), advisory frames in all, and the advisory
+    frames sent after the fault events (each to the next; job/variants.py), the two
+    ratios against the plain tree."""
+    table = []
+    for (scenario, brokers, _), rows in _groups(runs):
+        tree = next((r for r in rows if r.get("mode") == "tree" and not _modelled(r)), None)
+        shown = [r for r in rows if r.get("mode") in TREE_VARIANTS and not _modelled(r)]
+        if tree is None or not shown:
+            continue
+        for r in [tree, *shown]:
+            base = r is tree
+            faults = r.get("fault_events") or 0
+            table.append([
+                str(scenario), _num(brokers), _mode(r), _num(r.get("root_demand")),
+                "" if base else ratio(r.get("root_demand"), tree.get("root_demand")),
+                _num(r.get("extra_hops")), _num(r.get("advisory_frames")),
+                _num(r.get("recovery_frames")) if faults else "no fault",
+                "" if base or not faults
+                else ratio(r.get("recovery_frames"), tree.get("recovery_frames")),
+                str(r.get("recovery_frames_by_event") or "–"), _pct(r),
+                _num(r.get("stranded"))])
+    return table
 
 
 def _is_tree(row: Row) -> bool:
@@ -549,8 +590,8 @@ def plot_sensitivity(runs: Sequence[Row]) -> bytes | None:
         key = (str(r.get("scenario")), r.get("depth"), r.get("brokers"))
         if _plain_ttl(r):
             series[key].append(r)
-        elif _is_tree(r):
-            trees[key] = r
+        elif _is_tree(r) and (key not in trees or r.get("mode") == "tree"):
+            trees[key] = r    # the plain tree's line, not a variant's (tree-summary...)
     colours = ["#2980b9", "#c0392b", "#8e44ad", "#e67e22", "#16a085", "#7f8c8d"]
     panels = (("delivery_ratio", "delivered / expected"), ("stranded", "stranded messages"),
               ("spilled_advisories", "spilled advisories"))
@@ -633,6 +674,14 @@ _DEFINITIONS = (
     "message reached a broker that knew no subscriber for it; broker_killed: a "
     "non-persistent message held by a broker that was killed). Lost: none of these; a "
     "run whose lost is not 0 is refused.",
+    "Tree variants: tree-summary is the tree with summary_budget (a branch past that "
+    "many interest entries on its link up sends aggregate entries and an ownership cover "
+    "for its stores' own queues instead); tree-resync the tree with resync_grace (a link "
+    "back within the grace re-sends only the interest that changed). HQ demand entries "
+    "is the most demand HQ held at once; extra hops count forwards down to a child whose "
+    "subtree never delivered that message (a store queue nobody consumes waits at its "
+    "region under summarisation); recovery frames are the advisory frames sent from each "
+    "fault event to the next (the last: to the end of the run).",
     "Rows marked [model] were computed by treefed model, not emulated: the estate's first "
     "convergence walked with the connectors' rules (exact against the replay engine "
     "wherever both run), the workload's messages routed over that demand with the "
@@ -732,6 +781,10 @@ def render(runs: Sequence[Row], roles: Sequence[Row], out_dir: str | Path, *,
     cost_estate, cost_rows = costs(runs)
     md += ["", f"## What each mode costs the operator: {cost_estate}", "",
            _md_table(COST_COLUMNS, cost_rows)]
+    variant_rows = variants(runs)
+    if variant_rows:
+        md += ["", "## Tree variants against the plain tree: summarisation and resync", "",
+               _md_table(VARIANT_COLUMNS, variant_rows)]
     md += ["", "## Accounting: where every expected copy went", "",
            _md_table(ACCOUNTING_COLUMNS, acct)]
     md += ["", "## Plots", ""]
@@ -764,7 +817,9 @@ def render(runs: Sequence[Row], roles: Sequence[Row], out_dir: str | Path, *,
         f"{li(sentences)}"
         f"<h2>What each mode costs the operator: {html.escape(cost_estate)}</h2>"
         f"{_html_table(COST_COLUMNS, cost_rows)}"
-        f"<h2>Accounting: where every expected copy went</h2>"
+        + (f"<h2>Tree variants against the plain tree: summarisation and resync</h2>"
+           f"{_html_table(VARIANT_COLUMNS, variant_rows)}" if variant_rows else "")
+        + f"<h2>Accounting: where every expected copy went</h2>"
         f"{_html_table(ACCOUNTING_COLUMNS, acct)}<h2>Plots</h2>{figures}"
         f"<h2>All runs</h2>{_html_table([h for _, h in _RUN_TABLE], run_rows)}"
         f"<h2>Per role and tier</h2>{_html_table([h for _, h in _ROLE_TABLE], role_rows)}"

@@ -41,6 +41,7 @@ RUN_COLUMNS: tuple[str, ...] = (
     "dropped", "dropped_reasons", "lost", "stranded_at", "stranded_log", "summary_lines",
     "finished", "problems",
     "sibling_spill", "downward_spill", "fault_events", "recovery_max_s", "recovery",
+    "root_demand", "extra_hops", "recovery_frames", "recovery_frames_by_event",
 )
 PANELS = (("adds_sent", "advisory frames sent"), ("demand", "demand created"),
           ("sibling_spill", "sibling spill (advisories)"))

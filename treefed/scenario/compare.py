@@ -4,13 +4,15 @@ Theory of operation
 -------------------
 Runs each scenario with the replay engine under the tree connector, the mesh
 connector at TTL 1, 2 and 3 (duplex links) and the tuned mesh of baselines.py (each
-store's connector limited to its own, its region's and HQ's queues); the scenario's own
+store's connector limited to its own, its region's and HQ's queues), and two tree
+variants: ``tree-summary`` (interest summarised at branches, ``summary_budget`` 50)
+and ``tree-resync`` (delta resync on reconnect, ``resync_grace`` 30 s); the scenario's own
 modes are kept, the missing ones of that set added, then hands every run directory to the Spark job
 (``treefed.analysis.job.main``) and prints where the report is.  The default set is the
 size sweep ``sweep-size-4x0005`` .. ``4x0250`` (one workload, 4 regions, 5 to 250 stores
 each), the depth sweep ``sweep-depth-2`` .. ``4`` (240 stores, 2 to 4 levels below HQ),
 ``reconfigure``, ``churn`` and the headline estate ``sweep-size-4x1000``: emulated in
-the tree, TTL 1, one-way and isolated modes, modelled (``treefed model --messages``, exact) in the modes whose
+the tree, TTL 1, one-way, isolated and the two tree-variant modes, modelled (``treefed model --messages``, exact) in the modes whose
 replay does not fit make run's 2 GiB (TTL 2 and 3 need 4+ GiB, the tuned mesh ~1.9 GiB
 alone), plus a model sweep to 100,000 stores on Spark for the scale curves; the report
 marks modelled rows.  ``--full`` emulates every mode of 4 x 1,000 instead (4+ GiB), and
@@ -38,7 +40,7 @@ from treefed.errors import ConfigError
 from treefed.scenario.baselines import TUNED_MODES, tuned_modes
 from treefed.scenario.spec import Mode, Scenario, load_scenario
 
-__all__ = ["main", "DEFAULT_SCENARIOS", "FULL_SCENARIOS", "COMPARED_MODES",
+__all__ = ["main", "DEFAULT_SCENARIOS", "FULL_SCENARIOS", "COMPARED_MODES", "MODELLED",
            "find_scenario", "with_compared_modes"]
 
 #: The controlled sweeps (one workload each; report.py's scale and depth plots use only
@@ -51,7 +53,12 @@ DEPTH_SWEEP = ("sweep-depth-2", "sweep-depth-3", "sweep-depth-4")
 #: brokers' dispatch rules, equal to the replay engine wherever both run -- tests/model);
 #: the report marks the modelled rows.  ``--full`` emulates every mode instead.
 HEADLINE = "sweep-size-4x1000"
-HEADLINE_EMULATED = ("tree", "mesh-ttl1", "mesh-tuned-oneway", "nats-isolated")
+HEADLINE_EMULATED = ("tree", "mesh-ttl1", "mesh-tuned-oneway", "nats-isolated",
+                     "tree-summary", "tree-resync")
+#: the modes ``treefed model`` computes (model/cli.py MODES + EXTRA_MODES); the tree
+#: variants tree-summary and tree-resync are not modelled: they are emulated everywhere
+MODELLED = ("tree", "mesh-ttl1", "mesh-ttl2", "mesh-ttl3", "mesh-tuned",
+            "mesh-tuned-oneway", "nats-isolated")
 #: The model sweep behind the report's scale curves (total stores over 4 regions, the
 #: size sweep's shape and workload), on Spark.
 MODEL_SWEEP = "100,1000,10000,100000"
@@ -96,10 +103,24 @@ def summary_mode(budget: int) -> tuple[str, dict]:
 SUMMARY_OWNED = "queue://Store.{broker}.>"
 
 
-def with_compared_modes(scenario: Scenario, *, summary_budget: int = 0) -> Scenario:
+#: the default ``summary_budget`` of the compared ``tree-summary`` mode (entries per
+#: child link; a store's own interest stays precise below it, a region's is summarised)
+SUMMARY_BUDGET = 50
+#: the ``resync_grace`` (seconds) of the compared ``tree-resync`` mode (issue 18 part 3):
+#: longer than every link cut of the shipped fault scenarios, so a flap is a delta resync
+RESYNC_GRACE = 30.0
+
+
+def resync_mode(grace: float = RESYNC_GRACE) -> tuple[str, dict]:
+    """The ``tree-resync`` mode: the tree with ``resync_grace`` on every tree link."""
+    return "tree", {"resync_grace": grace}
+
+
+def with_compared_modes(scenario: Scenario, *,
+                        summary_budget: int = SUMMARY_BUDGET) -> Scenario:
     """``scenario`` with every mode of COMPARED_MODES it lacks appended, then the tuned
-    baselines (baselines.py) with the network TTL set to the estate's depth, then (with
-    ``summary_budget``) ``tree-summary``."""
+    baselines (baselines.py) with the network TTL set to the estate's depth, then
+    ``tree-summary`` (``summary_budget``; 0 leaves it out) and ``tree-resync``."""
     modes = list(scenario.modes)
     have = {m.label for m in modes}
     wanted = dict(COMPARED_MODES)
@@ -107,6 +128,7 @@ def with_compared_modes(scenario: Scenario, *, summary_budget: int = 0) -> Scena
         wanted.update(tuned_modes(scenario.build_topology().depth))
     if summary_budget:
         wanted["tree-summary"] = summary_mode(summary_budget)
+    wanted["tree-resync"] = resync_mode()
     for label, (connector, options) in wanted.items():
         if label not in have:
             modes.append(Mode(label, connector, dict(options)))
@@ -145,9 +167,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--report", default=None,
                    help="report directory (default reports/compare-<time>)")
     p.add_argument("--no-report", action="store_true", help="run only, skip the Spark job")
-    p.add_argument("--summary-budget", type=int, default=0, metavar="N",
-                   help="also run tree-summary: the tree with summary_budget = N (interest "
-                        "summarised at branches, issue 18 part 2); default off")
+    p.add_argument("--summary-budget", type=int, default=SUMMARY_BUDGET, metavar="N",
+                   help="tree-summary's summary_budget: interest summarised at branches "
+                        f"past N entries per child link (default {SUMMARY_BUDGET}; 0 "
+                        "leaves tree-summary out)")
     p.add_argument("--driver-memory", default=DRIVER_MEMORY,
                    help=f"Spark driver heap for the report (default {DRIVER_MEMORY}: the "
                         "job reads the runs' Parquet parts and fits; keeps make run's whole "
@@ -222,7 +245,8 @@ def split_headline(scenarios: list[Scenario]) -> tuple[list[Scenario], list[tupl
             kept.append(sc)
             continue
         emulate = tuple(m for m in sc.modes if m.label in HEADLINE_EMULATED)
-        rest = [m.label for m in sc.modes if m.label not in HEADLINE_EMULATED]
+        rest = [m.label for m in sc.modes
+                if m.label not in HEADLINE_EMULATED and m.label in MODELLED]
         kept.append(dataclasses.replace(sc, modes=emulate))
         if rest:
             modelled.append((sc.name, rest))
