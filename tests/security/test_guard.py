@@ -7,7 +7,7 @@ from treefed.security.authz import DENIED, Authorizer, Rule
 from treefed.security.guard import STAT_REF, Guard
 from treefed.security.tree_scope import TreeScope
 from treefed.wire.frames import (Ack, Advisory, Error, Forward, ForwardAck, Send,
-                                 StatRequest, Subscribe)
+                                 StatRequest, Subscribe, Subtree)
 
 AUTHZ = Authorizer([
     Rule("group:stores", "read", "queue://Store.{user}.>"),
@@ -146,3 +146,28 @@ class TestLinkFrames:
         guard = Guard("s1", AUTHZ)
         assert screen(guard, Forward("queue://HQ.Sales", "m1", ["s1"]))[0]
         assert not screen(guard, Forward("topic://Broadcast.X", "m2", ["s1"]))[0]
+
+
+class TestSubtreeFrames:
+    """A summarising child's Subtree frame (issue 18 part 2) under confinement: it may
+    not name brokers outside its own subtree (found at the session's integration: the
+    frames were not screened, so a confined store could claim another store)."""
+
+    def test_a_leaf_may_name_only_itself(self):
+        counters = {"forbidden": 0}
+        guard = Guard("s1", AUTHZ, scope=SCOPE.for_child("s1", leaf=True), dropped=counters)
+        frame = Subtree(["s1", "s2", "region-b"], [])
+        assert screen(guard, frame)[0]
+        assert frame.add == ["s1"] and counters == {"forbidden": 2}
+
+    def test_a_branch_may_not_name_a_broker_another_child_owns(self):
+        scope = SCOPE.for_child("region")
+        guard = Guard("region", AUTHZ, scope=scope, claimable=lambda b: b != "s9")
+        frame = Subtree(["s1", "s9"], ["s3"])
+        assert screen(guard, frame)[0]
+        assert frame.add == ["s1"] and frame.remove == ["s3"]
+        assert "s1" in scope.subtree and "s9" not in scope.subtree
+
+    def test_without_confinement_the_frame_is_untouched(self):
+        frame = Subtree(["s1", "s2"], [])
+        assert screen(Guard("s1", AUTHZ), frame)[0] and frame.add == ["s1", "s2"]

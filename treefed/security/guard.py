@@ -41,7 +41,7 @@ from treefed.errors import DestinationError
 from treefed.security.authz import DENIED, Authorizer, denied
 from treefed.security.tree_scope import ChildScope
 from treefed.wire.frames import (Admin, Advisory, Error, Forward, ForwardAck, Send,
-                                 StatRequest, Subscribe)
+                                 StatRequest, Subscribe, Subtree)
 
 __all__ = ["Guard", "STAT_REF"]
 
@@ -82,6 +82,8 @@ class Guard:
             return self._allowed(conn, "read", frame.dst, frame.id, out, wildcards=True)
         if kind is Advisory:
             return frame.kind != "add" or self._advisory(conn, frame, out)
+        if kind is Subtree:
+            return self._subtree(frame)
         if kind is StatRequest or kind is Admin:
             if self.authz is None or self.authz.is_admin(self.user):
                 return True
@@ -127,6 +129,27 @@ class Guard:
         out.append(Drop("forbidden", self.link, self.peer, adv.consumer, dst, adv.origin,
                         adv.kind))
         return False
+
+    def _subtree(self, frame: Subtree) -> bool:
+        """A summarising child's membership (federation/summary.py) under confinement:
+        it may name itself and, if not a leaf, brokers it may claim (as an advisory's
+        path); the other ids are cut from the frame and counted ``forbidden``, so a
+        confined child cannot take another store's queues by naming it."""
+        scope = self.scope
+        if scope is None or not isinstance(frame.add, list):
+            return True     # no confinement, or malformed: the Site counts it
+        claimable = self.claimable
+        ok = [b for b in frame.add
+              if b == scope.child or (not scope.leaf and type(b) is str
+                                      and (claimable is None or claimable(b)))]
+        if len(ok) != len(frame.add):
+            self.denied += len(frame.add) - len(ok)
+            if self.dropped is not None:
+                self.dropped["forbidden"] = (self.dropped.get("forbidden", 0)
+                                             + len(frame.add) - len(ok))
+            frame.add = ok
+        scope.add_subtree(ok)
+        return True
 
     def _forward(self, conn: str, f: Forward, out: list) -> bool:
         try:
