@@ -97,12 +97,7 @@ class NodeCollector:
         yield g
 
         rows = []
-        for c in conns:
-            if c["kind"] != "link":
-                continue
-            b = site.bridge(c["conn"])
-            if b is None:
-                continue
+        for c, b in node.link_bridges():
             rows.append((b.name, b.peer or "?", b.lane, b.demand_count(), len(b.remote),
                          c.get("rtt")))
         kept, other = _capped(rows, 3, self.max_series)

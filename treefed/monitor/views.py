@@ -146,13 +146,7 @@ def _link_detail(entry: dict, bridge: Any, conn: dict | None) -> None:
 
 def _entries(node: Any, dst: str | None):
     """(link, peer, Interest) for every demand entry, in link order."""
-    site = node.site
-    for c in node.connections():
-        if c["kind"] != "link":
-            continue
-        bridge = site.bridge(c["conn"])
-        if bridge is None:
-            continue
+    for _, bridge in node.link_bridges():
         for it in bridge.remote.values():
             if dst is None or it.dst == dst:
                 yield bridge, it

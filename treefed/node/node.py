@@ -1491,6 +1491,13 @@ class BrokerNode:
             out.append(info)
         return out
 
+    def link_bridges(self) -> list[tuple[dict, Any]]:
+        """``(connection info, Bridge)`` for every live link that has its bridge, in
+        connection order (the monitor's views and metrics, ``treefed explain``)."""
+        site = self.site
+        return [(c, b) for c in self.connections()
+                if c["kind"] == "link" and (b := site.bridge(c["conn"])) is not None]
+
     def statistics(self) -> dict:
         """The Site's statistics plus the node's own: listeners, connectors, connections."""
         stats = self.site.statistics()

@@ -55,12 +55,7 @@ def explain_view(node: Any, dst: str) -> dict:
              for c in broker.statistics()["consumers"]
              if c["peer"] is None and matches(c["dst"], dst)]
     entries, links = [], []
-    for c in node.connections():
-        if c["kind"] != "link":
-            continue
-        bridge = site.bridge(c["conn"])
-        if bridge is None:
-            continue
+    for c, bridge in node.link_bridges():
         policy = bridge.policy
         permit = policy.permit(dst) if hasattr(policy, "permit") else None
         # forwards the peer sends us over this link pass our screen (permissions, a
