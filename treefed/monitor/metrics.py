@@ -97,7 +97,7 @@ class NodeCollector:
         yield g
 
         rows = []
-        for c, b in node.link_bridges():
+        for c, b in node.link_bridges(conns):
             rows.append((b.name, b.peer or "?", b.lane, b.demand_count(), len(b.remote),
                          c.get("rtt")))
         kept, other = _capped(rows, 3, self.max_series)

@@ -1491,11 +1491,12 @@ class BrokerNode:
             out.append(info)
         return out
 
-    def link_bridges(self) -> list[tuple[dict, Any]]:
+    def link_bridges(self, conns: list[dict] | None = None) -> list[tuple[dict, Any]]:
         """``(connection info, Bridge)`` for every live link that has its bridge, in
-        connection order (the monitor's views and metrics, ``treefed explain``)."""
+        connection order (the monitor's views and metrics, ``treefed explain``);
+        ``conns``: a ``connections()`` the caller already has."""
         site = self.site
-        return [(c, b) for c in self.connections()
+        return [(c, b) for c in (self.connections() if conns is None else conns)
                 if c["kind"] == "link" and (b := site.bridge(c["conn"])) is not None]
 
     def statistics(self) -> dict:
