@@ -58,7 +58,8 @@ async def test_a_lone_message_costs_one_site_step_and_no_writer_step(tmp_path):
     assert site <= 1.3 * N, steps.by_name
     # the Deliver is written by the site task itself: the broker's writers sleep
     assert writers <= 0.1 * N, steps.by_name
-    # the reader of the producer's connection: one step per Send (its receive), none to
-    # hand the frames to the site task when the inbox has room
+    # the reader of the producer's connection: two steps per Send (its receive, and the
+    # checkpoint handing the chunk to the site task: kept so one batch holds one chunk
+    # per reader -- without it a pipelining client's answers overflowed, see node.py)
     readers = steps.count("_run_handler")
-    assert readers <= 1.3 * N, steps.by_name
+    assert readers <= 2.3 * N, steps.by_name

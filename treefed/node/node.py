@@ -596,10 +596,11 @@ class BrokerNode:
                 frames = await framed.receive_frames()
                 c.last_rx = trio.current_time()
                 self._inbox_bytes += _body_bytes(frames)
-                try:    # room in the inbox (the usual case): no extra scheduler pass
-                    inbox.send_nowait((c, frames))     # (issue #14, latency)
-                except trio.WouldBlock:
-                    await inbox.send((c, frames))
+                # a checkpoint per chunk: the site task's batch stays one chunk's worth
+                # per reader, so a pipelining client's answers cannot outgrow the
+                # connection's high water within one batch (send_nowait here overflowed
+                # a 100,000-subscription flood: tests/security/test_conn_limits.py)
+                await inbox.send((c, frames))
         except FrameError as exc:
             await inbox.send((c, exc))
         except (trio.EndOfChannel, *_SOCKET_ERRORS):
