@@ -1,0 +1,51 @@
+"""The procs engine starts the plan only on a linked estate.
+
+Regression (CI run of 9651103 at load 32): ``test_procs_matches_replay[mesh-ttl2]`` saw 22
+``link.up`` instead of 24 -- one store's first dial had come before its region listened,
+and its redial back-off was longer than the engine's ``QUIET_S`` wait for quiet logs, so
+the plan ran on an estate with one link missing.  Shrinking ``QUIET_S`` to nothing and
+starting the plan at its first step makes that race certain instead of load-dependent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from treefed.estate.sites import EstateSites
+from treefed.scenario.engines import engine_class, procs
+from treefed.scenario.results import Recorder
+from treefed.scenario.spec import load_scenario
+from treefed.scenario.workload import build_plan
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+
+
+@pytest.mark.slow
+def test_every_link_is_up_before_the_first_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(procs, "QUIET_S", 0.0)
+    missing_at_first_step: list = []
+    step = procs.ProcsEngine._step
+
+    async def first_step_sees(self, s):   # what the brokers had logged when the plan began
+        if not missing_at_first_step:
+            parents = {x.spec.id: x.spec.parent for x in self.sites.values()}
+            logs = {sid: x.log for sid, x in self.sites.items()}
+            missing_at_first_step.append(EstateSites.missing_links(parents, logs))
+        await step(self, s)
+
+    monkeypatch.setattr(procs.ProcsEngine, "_step", first_step_sees)
+    sc = load_scenario(SCENARIOS / "retail-small.toml")
+    plan = build_plan(sc)
+    start = plan.steps[0].at   # the plan begins the moment the logs are quiet
+    plan = dataclasses.replace(plan, steps=tuple(dataclasses.replace(x, at=x.at - start)
+                                                 for x in plan.steps))
+    engine_class("procs")(plan, sc.mode("tree"), Recorder(plan, _Discard())).run()
+    assert missing_at_first_step == [[]]
+
+
+class _Discard:
+    def write(self, *args) -> None:
+        pass
