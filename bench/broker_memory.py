@@ -16,6 +16,7 @@ warning) is started, per round:
 One JSON line: each round's figures, the medians, the 1-minute load before and after.
 
     python bench/broker_memory.py [--count N] [--rounds R] [--settle S]
+                                  [--allocator pymalloc|malloc]
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ async def _wait_serving(uri: str) -> None:
             await trio.sleep(0.1)
 
 
-def one_round(root: Path, count: int, settle: float) -> dict:
+def one_round(root: Path, count: int, settle: float, allocator: str = "") -> dict:
     import trio
 
     from treefed.config import dump_config, parse_config
@@ -110,7 +111,8 @@ def one_round(root: Path, count: int, settle: float) -> dict:
         "logging": {"level": "warning", "file": str(root / "broker.log")}})))
     proc = subprocess.Popen([sys.executable, "-m", "treefed.cli", "broker", "--config",
                              str(config)], cwd=str(REPO),
-                            env=dict(os.environ, PYTHONPATH=str(REPO)),
+                            env=dict(os.environ, PYTHONPATH=str(REPO),
+                                     **({"PYTHONMALLOC": allocator} if allocator else {})),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     uri = f"tcp://127.0.0.1:{port}"
     try:
@@ -143,17 +145,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--settle", type=float, default=2 * IDLE_TRIM_S + 1.0,
                         help="seconds idle before the idle / settled reading")
+    parser.add_argument("--allocator", choices=("pymalloc", "malloc"), default="",
+                        help="the broker's PYTHONMALLOC (default: inherited); 'malloc' "
+                        "lets the idle trim return a drained backlog's pages, see "
+                        "node/trim.py")
     args = parser.parse_args(argv)
     load_before = os.getloadavg()
     root = Path(tempfile.mkdtemp(prefix="treefed-mem-"))
     try:
-        rounds = [one_round(root, args.count, args.settle) for _ in range(args.rounds)]
+        rounds = [one_round(root, args.count, args.settle, args.allocator)
+                  for _ in range(args.rounds)]
     finally:
         shutil.rmtree(root, ignore_errors=True)
     keys = rounds[0].keys()
     median = {k: statistics.median(r[k] for r in rounds) for k in keys}
     print(json.dumps({
         "bench": "broker_memory", "count": args.count, "settle_s": args.settle,
+        "allocator": args.allocator or os.environ.get("PYTHONMALLOC", "pymalloc"),
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "median": median, "rounds": rounds, "targets": TARGETS,

@@ -13,12 +13,24 @@ batches and then none for ``IDLE_TRIM_S`` seconds, it trims once, in a worker th
 (ctypes drops the GIL for the call, so the site task keeps serving while it runs).  A
 busy broker is never trimmed; an idle one is trimmed once per quiet spell, not again
 until it has worked.  Where there is no glibc (``malloc_trim`` missing) it does nothing.
+
+Under ``PYTHONMALLOC=malloc`` it runs a full ``gc.collect()`` before the trim: that also
+empties the interpreter's free lists (tuples, floats, lists, dicts kept for reuse), whose
+blocks would otherwise keep their pages.  What the trim cannot return are pymalloc's 1 MiB arenas that still hold a
+live object: after a 100,000-message backlog a few hundred long-lived objects made
+meanwhile (a cached SQLite statement, cancel scopes, connection records) keep ~45 MiB of
+arenas resident.  A broker started with ``PYTHONMALLOC=malloc`` has no arenas: there the
+collection + trim return the drained backlog page by page (bench/broker_memory.py
+``--allocator malloc``: settled 43.5 against 77.4 MiB) at ~30 % more CPU per
+non-persistent message (issue #14; see the README's memory section).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import gc
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +40,11 @@ __all__ = ["IDLE_TRIM_S", "malloc_trim", "trim_when_idle"]
 
 #: Seconds without a site-task batch before a broker that worked gives memory back.
 IDLE_TRIM_S = 2.0
+
+#: A full collection before each trim, where it pays: under ``PYTHONMALLOC=malloc``
+#: (pymalloc's arenas keep the free-list blocks' pages anyway; the collection holds the
+#: GIL, and a big broker's takes long enough to delay the first message after a pause).
+COLLECT_FIRST = os.environ.get("PYTHONMALLOC", "").startswith("malloc")
 
 
 @functools.cache
@@ -63,6 +80,8 @@ async def trim_when_idle(node: Any, idle: float = IDLE_TRIM_S) -> None:
         await trio.sleep(idle)
         now = node.batches
         if now == last and now != trimmed_at:
+            if COLLECT_FIRST:
+                gc.collect()   # also empties the free lists, whose blocks pin pages
             await trio.to_thread.run_sync(malloc_trim)
             trimmed_at = now
         last = now

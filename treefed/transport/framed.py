@@ -24,8 +24,10 @@ connection's writer task and without the scheduler pass trio's ``send_all`` take
 every write.  What the kernel did not take at once stays in ``pending`` and goes first
 in the next ``send_frames`` (the caller wakes its writer then), so bytes never
 interleave or reorder.  It returns False, having consumed nothing, when that path is
-not open (TLS and in-memory streams, a send in progress, a full socket buffer, an
+not open (TLS and other streams, a send in progress, a full socket buffer, an
 error): the frames then go the usual way, through the writer, which meets the error.
+An in-process pipe (transport/memory.py) takes the whole batch at once, or nothing
+when it is closed.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from collections.abc import Iterable
 import trio
 
 from treefed.errors import FrameError
+from treefed.transport.memory import PipeStream
 from treefed.wire.codec import DEFAULT_MAX_FRAME, FrameDecoder, encode, encode_many
 from treefed.wire.frames import Frame
 
@@ -47,7 +50,8 @@ RECEIVE_SIZE = 64 * 1024
 class FramedStream:
     """A trio stream that carries treefed frames."""
 
-    __slots__ = ("stream", "receive_size", "_decoder", "pending", "_sending", "_sock")
+    __slots__ = ("stream", "receive_size", "_decoder", "pending", "_sending", "_sock",
+                 "_pipe")
     protocol = "treefed"    # what ``stat`` shows (node/stomp_conn.py: "stomp")
 
     def __init__(self, stream: trio.abc.Stream, max_frame: int = DEFAULT_MAX_FRAME, *,
@@ -59,6 +63,8 @@ class FramedStream:
         self._sending = False   # a send_frames is in progress (send_now must not write)
         # the socket ``send_now`` may write to: plain TCP only (TLS encrypts in send_all)
         self._sock = stream.socket if type(stream) is trio.SocketStream else None
+        # or the in-process pipe it may append to (transport/memory.py)
+        self._pipe = stream if type(stream) is PipeStream else None
 
     async def receive_frames(self) -> list[Frame]:
         """Wait for and return every complete frame received so far (never empty).
@@ -101,7 +107,16 @@ class FramedStream:
         hop").  True: consumed — written, or partly written with the rest in ``pending``
         for the next ``send_frames``.  False: nothing consumed; send them the usual way."""
         sock = self._sock
-        if sock is None or self._sending or self.pending or not frames:
+        if sock is None:
+            pipe = self._pipe
+            if pipe is None or self._sending or not frames:
+                return False
+            try:
+                data = encode_many(frames)
+            except Exception:   # an unencodable frame: the writer meets (and reports) it
+                return False
+            return pipe.write_nowait(data)   # all or nothing: no pending bytes
+        if self._sending or self.pending or not frames:
             return False
         fd = sock.fileno()
         if fd < 0 or sock.did_shutdown_SHUT_WR:

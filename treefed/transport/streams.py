@@ -11,8 +11,8 @@ The thin edge between treefed and the operating system's sockets:
   closed afterwards, and a peer that vanishes or misbehaves ends only its own connection.
 * ``connect_with_retry`` walks a ``Failover``/``Static`` list pass by pass, sleeping the
   ``Backoff`` delay before each pass, and gives up with ``RemoteError("unreachable")``.
-* ``memory_stream_pair`` (trio.testing's, imported on first use) links two in-process
-  brokers with no sockets at all; the memory scenario engine uses it.
+* ``memory_stream_pair`` (``memory.py``'s pipes) links two in-process brokers with no
+  sockets at all; the memory scenario engine uses it.
 
 OSError is translated here, once: a failed dial is ``RemoteError(code="unreachable")``,
 a failed TLS handshake ``RemoteError(code="tls_failed")``, a failed bind
@@ -42,12 +42,12 @@ __all__ = ["open_tcp", "dial_tcp", "serve_tcp", "connect_with_retry", "memory_st
 
 
 def memory_stream_pair() -> tuple[trio.abc.Stream, trio.abc.Stream]:
-    """Two connected in-process byte streams (trio.testing's), for brokers in one
-    process.  trio.testing is imported here, not at module load: it pulls in pytest,
-    which would add ~80 ms to every broker and CLI start."""
-    from trio.testing import memory_stream_pair as pair
+    """Two connected in-process byte streams, for brokers in one process
+    (``transport/memory.py``: trio.testing's semantics without its layers, and a
+    synchronous write for ``FramedStream.send_now``)."""
+    from treefed.transport.memory import pipe_pair
 
-    return pair()
+    return pipe_pair()
 
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
