@@ -153,7 +153,7 @@ def propagate_spark(spark: SparkSession, folded: Folded, *, max_hops: int = 64) 
         # back into the leaf cell it came from: every member but the sender (which is
         # the origin: a leaf only sends its own interest) -- not offered, not a loop
         back = F.col("src").isNotNull() & (F.col("qid") == F.col("src"))
-        x = _own_or_other(x, back) \
+        x = _own_or_other(x, back, bool(folded.owner)) \
              .where(~(F.col("skip") & ((F.col("kind") == "mesh")
                                        | (F.col("lane") == "child")))) \
              .withColumn("ttl_fail", (F.col("kind") == "mesh") & (F.col("ttl") != -1)
@@ -259,18 +259,22 @@ def propagate_spark(spark: SparkSession, folded: Folded, *, max_hops: int = 64) 
             "dst": [(c, gid, r) for (c, gid), (r, _d) in by_dst.items()]}
 
 
-def _own_or_other(x: DataFrame, back) -> DataFrame:
+def _own_or_other(x: DataFrame, back, relative: bool) -> DataFrame:
     """``total`` instances a row offers and ``loop_n`` of them looping back to their
     origin, with the filter verdicts (``skip``, ``permit``, ``static``) that apply.
     A leaf's own connector naming it (``cells.group_flags``' ``split``) judges the
     member's own destination apart from its cell-mates': the origin's first hop is its
     own (all of it); going down into the origin's cell the instance reaching the origin
     member is its own (the loop instance), the rest are cell-mates'.  Such a row is
-    split in two; any other row is one."""
+    split in two; any other row is one.  ``relative``: the estate has such connectors
+    (``Folded.owner``); without them nothing is split and nothing exploded."""
     zero = F.lit(0).cast("long")
     total = F.col("m") * (F.col("fan") - F.when(back, 1).otherwise(0))
     loop_n = F.when(~back & F.array_contains("trail", F.col("peer_cell")),
                     F.col("m")).otherwise(zero)
+    if not relative:
+        return x.withColumn("total", total).withColumn("loop_n", loop_n) \
+            .drop("skip_self", "permit_self", "static_self", "split")
     first = F.col("src").isNull()
     own = F.struct(F.lit(True).alias("own"), F.when(first, total).otherwise(loop_n)
                    .alias("total"), loop_n.alias("loop_n"))
