@@ -11,6 +11,11 @@ under the same peer with equal link settings, equal tree position and an equal
 workload *signature* -- their consumer groups with the broker's own id replaced by
 ``{broker}``.  A leaf whose consumers' destinations are filtered differently from its
 cell-mates' by any connector in the estate (a filter naming one store) is split off.
+A leaf's *own* connector naming the leaf (the tuned mesh: each store limited to its own
+queue) is compared relative to the leaf (``_relative``: the id written ``{broker}``), so
+such stores still share a cell; the filter verdicts then come in two kinds, for the
+member's own destination and for a cell-mate's (``group_flags``, ``Folded.owner``), and
+``_relative_ok`` checks once that no other verdict can depend on which member it is.
 
 Because a leaf has one link, a route that enters a leaf cell ends there, so a path
 through cells names a leaf cell only as its origin; that is what keeps counting exact:
@@ -25,7 +30,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from treefed.core.destinations import is_topic
@@ -93,6 +98,10 @@ class Folded:
     groups: list[CellGroup]
     settings: list                # LinkSettings per sid
     cell_of: dict[str, int]
+    # sid -> the leaf-cell member whose own connector these settings are, where they
+    # name that member (a per-store filter, ``_relative``): verdicts then differ for
+    # the member's own destinations and its cell-mates' (``group_flags``' self columns)
+    owner: dict[int, str] = field(default_factory=dict)
 
     def brokers(self) -> int:
         return sum(len(c.members) for c in self.cells)
@@ -124,7 +133,9 @@ def fold(estate: Estate, groups: Sequence[Group], *, cells: bool = True) -> Fold
             settings.append(s)
         return sid_of[s]
 
+    relative = cells and _relative_ok(estate, by_broker, shape)
     # candidate leaf cells: one link, same peer / settings / side / position / workload
+    # (settings relative to the member: a per-store filter naming the store itself)
     buckets: dict[tuple, list[str]] = defaultdict(list)
     singles: list[str] = []
     for b in estate.brokers:
@@ -133,12 +144,17 @@ def fold(estate: Estate, groups: Sequence[Group], *, cells: bool = True) -> Fold
             singles.append(b)
             continue
         e = ends[0]
-        key = (e.peer, e.lane, e.accepts, e.advertises, e.forwards, sid(e.settings),
+        key = (e.peer, e.lane, e.accepts, e.advertises, e.forwards,
+               _relative(e.settings, b) if relative else e.settings,
                estate.tree.get(b), b in estate.accepts_children,
                _signature(by_broker.get(b, []), b))
         buckets[key].append(b)
     members_of: list[tuple[str, ...]] = [(b,) for b in singles]
-    distinct = list(dict.fromkeys(settings)) or []
+    # connectors whose filters name no member of a candidate cell: checked per member
+    # (``_uniform``); member-relative ones are uniform by ``_relative_ok``
+    distinct = list(dict.fromkeys(
+        l.settings for l in estate.links
+        if not (relative and len(shape.ends[l.dialer]) == 1 and _names(l.settings, l.dialer))))
     for key, members in buckets.items():
         if len(members) == 1 or not _uniform(members, by_broker, distinct, shape):
             members_of += [(m,) for m in members]
@@ -175,8 +191,13 @@ def fold(estate: Estate, groups: Sequence[Group], *, cells: bool = True) -> Fold
             qid = len(pending)
             key_of[(c.id, pc, e.index if not peer_cell.leaf else -1)] = qid
             pending.append((qid, c, e, pc, fan))
+    owner: dict[int, str] = {}
     for qid, c, e, pc, fan in pending:
         peer_cell = cell_list[pc]
+        # the link's settings are its dialer's; a leaf cell's member dialed it
+        for cell, member in ((c, e.broker), (peer_cell, e.peer)):
+            if cell.leaf and e.settings.kind == "mesh" and _names(e.settings, member):
+                owner[sid(e.settings)] = member
         # the peer's end back to us: our cell is a leaf cell -> the peer merged its
         # links to us under index -1; otherwise the same link index
         back = key_of.get((pc, c.id, -1 if c.leaf else e.index))
@@ -194,7 +215,69 @@ def fold(estate: Estate, groups: Sequence[Group], *, cells: bool = True) -> Fold
             tmpl = _template(g.dst, rep) if c.leaf else g.dst
             cgroups.append(CellGroup(len(cgroups), c.id, tmpl, g.selector, g.count,
                                      c.leaf and "{broker}" in tmpl))
-    return Folded(cell_list, qends, cgroups, settings, cell_of)
+    return Folded(cell_list, qends, cgroups, settings, cell_of, owner)
+
+
+_LISTS = ("dynamically_included", "excluded", "statically_included")
+_BROKER = "{broker}"
+
+
+def _names(s, member: str) -> bool:
+    """Do the filters of ``s`` name ``member``?"""
+    return any(member in p for name in _LISTS for p in getattr(s, name))
+
+
+def _relative(s, member: str) -> tuple:
+    """``s`` with ``member`` written ``{broker}`` in its filters: leaves whose connectors
+    differ only by naming themselves (each store limited to its own queue) share it."""
+    if s.kind != "mesh" or not _names(s, member):
+        return (s,)
+    lists = tuple(tuple(p.replace(member, _BROKER) for p in getattr(s, name))
+                  for name in _LISTS)
+    return (replace(s, **{name: () for name in _LISTS}), lists)
+
+
+def _segments(name: str) -> list[str]:
+    return name.partition("://")[2].split(".")
+
+
+def _relative_ok(estate: Estate, by_broker: dict, shape: _Shape) -> bool:
+    """May leaves whose filters name themselves be folded?  Only where a verdict can
+    tell "the member's own destination" from "a cell-mate's" and nothing else: every
+    leaf id is one plain segment (no ``.``, ``*``, ``>``), a member-relative pattern or
+    destination has ``{broker}`` only as a whole segment, and no leaf id is spelled by
+    any fixed segment of any filter or destination.  Then a filter of member X judges
+    member Y's destination the same for every Y != X (``{broker}`` segments compare
+    equal exactly when X = Y; fixed segments never equal a member), so ``group_flags``
+    needs only the verdicts for X itself and for one other member.  Checked once,
+    linear in brokers + filters + groups."""
+    leaves = [b for b in estate.brokers if len(shape.ends[b]) == 1]
+    if not any(_names(shape.ends[b][0].settings, b) for b in leaves):
+        return False
+    if any(set(b) & {".", "*", ">"} or _BROKER in b for b in leaves):
+        return False
+    fixed: set[str] = set()
+
+    def note(name: str) -> bool:
+        for seg in _segments(name):
+            if _BROKER in seg and seg != _BROKER:
+                return False
+            if seg != _BROKER:
+                fixed.add(seg)
+        return True
+
+    for link in estate.links:
+        s = link.settings
+        for name in _LISTS:
+            for p in getattr(s, name):
+                if not note(p.replace(link.dialer, _BROKER)
+                            if len(shape.ends[link.dialer]) == 1 else p):
+                    return False
+    for b, gs in by_broker.items():
+        for g in gs:
+            if not note(_template(g.dst, b) if len(shape.ends[b]) == 1 else g.dst):
+                return False
+    return not fixed.intersection(leaves)
 
 
 def _uniform(members: list[str], by_broker: dict, settings: list, shape: _Shape) -> bool:
@@ -223,20 +306,35 @@ def _uniform(members: list[str], by_broker: dict, settings: list, shape: _Shape)
 def group_flags(folded: Folded) -> list[tuple]:
     """Per (sid, group): (skip: dynamic includes leave it out -- on a tree link: not
     sent down to a child, advertise_down --, permit reason, joins a
-    static conduit, suppressed as a duplicate, is a topic)."""
+    static conduit, suppressed as a duplicate, is a topic) for any member's destination
+    but the settings' owner's, then (skip, permit, static) for the owner's own
+    destination, and whether the two differ (``split``).  They differ only where the
+    settings are a leaf member's own connector naming it (``Folded.owner``) and the group
+    is of that member's cell: the owner's own queue passes its filter, a cell-mate's
+    does not."""
     rows = []
     for si, s in enumerate(folded.settings):
         probe = _End("", "", s, s.kind, True, True, True, 0)
+        owner = folded.owner.get(si)
         for g in folded.groups:
-            rep = folded.cells[g.origin].members[0]
+            members = folded.cells[g.origin].members
+            rep = members[0]
+            if owner is not None and g.templated and owner in members:
+                other = members[1] if rep == owner else rep
+                v_other = _verdicts(probe, s, other, g.dst(other))
+                v_self = _verdicts(probe, s, owner, g.dst(owner))
+            else:
+                v_other = v_self = _verdicts(probe, s, rep, g.dst(rep))
             dst = g.dst(rep)
-            if s.kind == "mesh":
-                skip = probe.offer(rep, dst, ()) == "" if s.dynamically_included else False
-                permit = probe.permit(dst)
-                static = dst in s.statically_included and s.conduit_subscriptions
-            else:   # tree: skip = not sent down to a child (advertise_down)
-                probe.lane = "child"
-                skip, permit, static = probe.offer(rep, dst, ()) == "", None, False
-            rows.append((si, g.id, skip, permit, static, probe.suppresses(dst),
-                         is_topic(dst)))
+            rows.append((si, g.id, *v_other, probe.suppresses(dst), is_topic(dst), *v_self,
+                         v_self != v_other))
     return rows
+
+
+def _verdicts(probe: _End, s, origin: str, dst: str) -> tuple:
+    if s.kind == "mesh":
+        skip = probe.offer(origin, dst, ()) == "" if s.dynamically_included else False
+        return skip, probe.permit(dst), dst in s.statically_included and s.conduit_subscriptions
+    # tree: skip = not sent down to a child (advertise_down)
+    probe.lane = "child"
+    return probe.offer(origin, dst, ()) == "", None, False

@@ -116,6 +116,35 @@ def split_receipts(folded, result, topology) -> dict[int, dict[str, int]]:
     return out
 
 
+def split_by_origin(origins: dict, topology, *, into: dict | None = None) -> dict:
+    """Add receipts counted per (broker, destination, origin broker) -- ``exact.propagate``'s
+    ``origins`` -- split per receiving broker into sibling spill (a store hearing of another
+    store's consumer) and downward interest (hearing of an ancestor's consumer), the
+    definitions ``split_receipts`` applies per cell.  Per origin, so a destination with
+    consumers at many brokers (the broadcast topic every store subscribes to) counts every
+    one of them.  ``into``: a dict to add to (batch by batch); returned."""
+    kind = {b.id: b.kind for b in topology.brokers}
+    parent = {b.id: b.parent for b in topology.brokers}
+    out = {} if into is None else into
+    above: dict[str, set] = {}
+    for (b, _dst, origin), n in origins.items():
+        if b not in above:
+            chain, cur = set(), parent.get(b)
+            while cur is not None:
+                chain.add(cur)
+                cur = parent.get(cur)
+            above[b] = chain
+        if kind.get(b) == "store" and kind.get(origin) == "store":
+            key = "sibling_spill"
+        elif origin in above[b]:
+            key = "downward_interest"
+        else:
+            continue
+        row = out.setdefault(b, {"sibling_spill": 0, "downward_interest": 0})
+        row[key] += n
+    return out
+
+
 def cell_figures(folded, result) -> list[tuple[tuple[str, ...], dict[str, int]]]:
     """The Spark result as (members, figures of each member) per cell: the per-broker
     table without a row per broker (``spark.per_broker`` spreads the same figures)."""
@@ -191,7 +220,8 @@ def model_rows(spark, scenario, modes: Sequence[str], *, engine: str = "spark",
             lap("messages_s")
             table = [((b,), per_b[b]) for b in estate.brokers]
         elif engine == "exact" or check:
-            exact = propagate(estate, groups)
+            origins: dict = {}
+            exact = propagate(estate, groups, origins=origins)
             lap("exact_s")
             if check:
                 a = exact.per_broker(estate.brokers)
@@ -203,8 +233,8 @@ def model_rows(spark, scenario, modes: Sequence[str], *, engine: str = "spark",
                                          f"{b[diff[0]]}")
                 lap("check_s")
             if engine == "exact":
-                split = split_receipts(*_exact_result(folded, exact), plan.topology)
-                table = [((b,), {**row, **split.get(folded.cell_of[b], _NO_SPLIT)})
+                split = split_by_origin(origins, plan.topology)
+                table = [((b,), {**row, **split.get(b, _NO_SPLIT)})
                          for b, row in exact.per_broker(estate.brokers).items()]
         keys = sorted({k for _ms, r in table for k in r})
         row = {"source": "model", "scenario": scenario.name, "mode": label,
@@ -267,15 +297,7 @@ def message_figures(plan, mode, out_dir: Path | None = None, *,
 
     whole = Counts() if brokers is not None else None
     kind = {b.id: b.kind for b in plan.topology.brokers}
-    parent = {b.id: b.parent for b in plan.topology.brokers}
-    above: dict[str, set] = {}
-    for b in kind:
-        chain, cur = set(), parent.get(b)
-        while cur is not None:
-            chain.add(cur)
-            cur = parent.get(cur)
-        above[b] = chain
-    split: dict = defaultdict(lambda: {"sibling_spill": 0, "downward_interest": 0})
+    split: dict = {}
 
     stores = {b.id for b in plan.topology.brokers
               if b.role == "leaf" or b.kind == "store"}
@@ -290,11 +312,7 @@ def message_figures(plan, mode, out_dir: Path | None = None, *,
                 mine = getattr(whole, name)
                 for k, v in getattr(counts, name).items():
                     mine[k] += v
-            for (b, d, origin), n in origins.items():
-                if kind.get(b) == "store" and kind.get(origin) == "store":
-                    split[b]["sibling_spill"] += n
-                elif origin in above[b]:
-                    split[b]["downward_interest"] += n
+            split_by_origin(origins, plan.topology, into=split)
         for (b, d, origin), n in origins.items():
             if b in send.get(d, ()):
                 continue
@@ -332,25 +350,6 @@ def _write_brokers(path: Path, keys: Sequence[str], table, tiers: dict) -> None:
         for ms, r in table:
             figures = [r.get(k, 0) for k in keys]
             w.writerows([b, tiers[b], *figures] for b in ms)
-
-
-def _exact_result(folded, exact) -> tuple:
-    """The exact walk's receipts per (cell, group), in the Spark result's shape."""
-    index = {}
-    for g in folded.groups:
-        for m in folded.cells[g.origin].members:
-            index[(m, g.dst(m))] = g.id
-    # the exact walk keys receipts by (broker, dst); attribute them to groups through
-    # the origin-free destination where it is unambiguous
-    dst_groups = defaultdict(set)
-    for (m, d), gid in index.items():
-        dst_groups[d].add(gid)
-    rows = defaultdict(int)
-    for (b, d), n in exact.received_by_dst.items():
-        gids = dst_groups.get(d)
-        if gids and len(gids) == 1:
-            rows[folded.cell_of[b], next(iter(gids))] += n
-    return folded, {"dst": [(c, g, n) for (c, g), n in rows.items()]}
 
 
 def _write_csv(path: Path, columns: Sequence[str], rows: list[dict]) -> None:

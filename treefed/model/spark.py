@@ -71,6 +71,8 @@ _FLAGS = T.StructType([
     T.StructField("skip", T.BooleanType()), T.StructField("permit", T.StringType()),
     T.StructField("static", T.BooleanType()), T.StructField("suppress", T.BooleanType()),
     T.StructField("topic", T.BooleanType()),
+    T.StructField("skip_self", T.BooleanType()), T.StructField("permit_self", T.StringType()),
+    T.StructField("static_self", T.BooleanType()), T.StructField("split", T.BooleanType()),
 ])
 
 
@@ -146,16 +148,14 @@ def propagate_spark(spark: SparkSession, folded: Folded, *, max_hops: int = 64) 
                     & F.col("advertises")
                     & _lane_allowed(F.col("src_lane"), F.col("lane")))
              .join(g, "gid")
-             .join(flags, (F.col("fsid") == F.col("sid")) & (F.col("fgid") == F.col("gid")))
-             .where(~(F.col("skip") & ((F.col("kind") == "mesh")
-                                       | (F.col("lane") == "child")))))
+             .join(flags, (F.col("fsid") == F.col("sid")) & (F.col("fgid") == F.col("gid"))))
         plen = F.size("trail") - 1
         # back into the leaf cell it came from: every member but the sender (which is
         # the origin: a leaf only sends its own interest) -- not offered, not a loop
         back = F.col("src").isNotNull() & (F.col("qid") == F.col("src"))
-        x = x.withColumn("total", F.col("m") * (F.col("fan") - F.when(back, 1).otherwise(0))) \
-             .withColumn("loop_n", F.when(~back & F.array_contains("trail", F.col("peer_cell")),
-                                          F.col("m")).otherwise(F.lit(0).cast("long"))) \
+        x = _own_or_other(x, back, bool(folded.owner)) \
+             .where(~(F.col("skip") & ((F.col("kind") == "mesh")
+                                       | (F.col("lane") == "child")))) \
              .withColumn("ttl_fail", (F.col("kind") == "mesh") & (F.col("ttl") != -1)
                          & (plen >= F.col("ttl"))) \
              .withColumn("checks", (F.col("kind") == "mesh") & F.col("duplex"))
@@ -257,6 +257,41 @@ def propagate_spark(spark: SparkSession, folded: Folded, *, max_hops: int = 64) 
     groups.unpersist()
     return {"cells": {c: dict(v) for c, v in per_cell.items()},
             "dst": [(c, gid, r) for (c, gid), (r, _d) in by_dst.items()]}
+
+
+def _own_or_other(x: DataFrame, back, relative: bool) -> DataFrame:
+    """``total`` instances a row offers and ``loop_n`` of them looping back to their
+    origin, with the filter verdicts (``skip``, ``permit``, ``static``) that apply.
+    A leaf's own connector naming it (``cells.group_flags``' ``split``) judges the
+    member's own destination apart from its cell-mates': the origin's first hop is its
+    own (all of it); going down into the origin's cell the instance reaching the origin
+    member is its own (the loop instance), the rest are cell-mates'.  Such a row is
+    split in two; any other row is one.  ``relative``: the estate has such connectors
+    (``Folded.owner``); without them nothing is split and nothing exploded."""
+    zero = F.lit(0).cast("long")
+    total = F.col("m") * (F.col("fan") - F.when(back, 1).otherwise(0))
+    loop_n = F.when(~back & F.array_contains("trail", F.col("peer_cell")),
+                    F.col("m")).otherwise(zero)
+    if not relative:
+        return x.withColumn("total", total).withColumn("loop_n", loop_n) \
+            .drop("skip_self", "permit_self", "static_self", "split")
+    first = F.col("src").isNull()
+    own = F.struct(F.lit(True).alias("own"), F.when(first, total).otherwise(loop_n)
+                   .alias("total"), loop_n.alias("loop_n"))
+    other = F.struct(F.lit(False).alias("own"), (total - loop_n).alias("total"),
+                     zero.alias("loop_n"))
+    whole = F.struct(F.lit(False).alias("own"), total.alias("total"), loop_n.alias("loop_n"))
+    parts = F.when(~F.col("split"), F.array(whole)) \
+        .when(first, F.array(own)).otherwise(F.array(own, other))
+    x = x.withColumn("part", F.explode(parts))
+    own_c = F.col("part.own")
+    return x.withColumn("total", F.col("part.total")) \
+        .withColumn("loop_n", F.col("part.loop_n")) \
+        .where(F.col("total") > 0) \
+        .withColumn("skip", F.when(own_c, F.col("skip_self")).otherwise(F.col("skip"))) \
+        .withColumn("permit", F.when(own_c, F.col("permit_self")).otherwise(F.col("permit"))) \
+        .withColumn("static", F.when(own_c, F.col("static_self")).otherwise(F.col("static"))) \
+        .drop("part", "skip_self", "permit_self", "static_self", "split")
 
 
 def _collect(x: DataFrame, per_cell: dict, by_dst: dict) -> tuple[int, int]:
