@@ -114,3 +114,44 @@ async def test_a_timer_set_by_a_readers_batch_wakes_the_site_task(tmp_path):
                     await trio.sleep(0.02)
             assert time.monotonic() - t0 < 2.0
         nursery.cancel_scope.cancel()
+
+
+async def test_a_burst_goes_to_the_site_task_and_a_lone_frame_does_not(tmp_path):
+    """A chunk of more than INLINE_FRAMES frames is queued for the site task as before
+    (it folds several readers' chunks into one batch); a lone Send is handled by its
+    reader.  Counted by wrapping ``_handle_inline`` on a real node with a raw peer that
+    writes 50 Sends in one write, then one."""
+    from tests.node.helpers import RawPeer
+    from treefed.node.node import INLINE_FRAMES
+    from treefed.wire.codec import encode_many
+    from treefed.wire.frames import Send
+
+    async with trio.open_nursery() as nursery:
+        node, uri = await start_node(nursery, make_config(tmp_path))
+        inline: list[int] = []
+        handle = node._handle_inline
+
+        async def counting(c, frames):
+            inline.append(len(frames))
+            await handle(c, frames)
+
+        node._handle_inline = counting
+        async with connect(uri) as consumer:
+            sub = await consumer.subscribe("queue://Burst", prefetch=100)
+            await trio.sleep(0.2)
+            peer = await RawPeer.open(uri)
+            inline.clear()
+            await peer.send_raw(encode_many([Send("queue://Burst", f"b:{i}", body=b"x")
+                                             for i in range(50)]))
+            with trio.fail_after(10):
+                for _ in range(50):
+                    (await sub.receive()).ack_nowait()
+            assert not [n for n in inline if n > INLINE_FRAMES], inline
+            await trio.sleep(0.2)
+            inline.clear()
+            await peer.send_raw(encode_many([Send("queue://Burst", "b:lone", body=b"x")]))
+            with trio.fail_after(10):
+                assert (await sub.receive()).id == "b:lone"
+            assert 1 in inline, inline
+            await peer.aclose()
+        nursery.cancel_scope.cancel()

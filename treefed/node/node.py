@@ -157,6 +157,11 @@ INBOX_SIZE = 256
 INBOX_BYTES = 16 * 1024 * 1024
 #: Most inbox items folded into one batch, so one huge burst cannot starve the timers.
 MAX_BATCH = 512
+#: Most frames a reader handles itself when the site task is idle (``_handle_inline``):
+#: a lone message and its ack skip two task steps; a bigger chunk (a burst) goes to
+#: the site task, which folds what several readers queued into one batch (one write
+#: per connection for all of it).
+INLINE_FRAMES = 8
 #: Seconds a closing connection may take to flush and to be closed by its peer.
 LINGER = 2.0
 #: Seconds per window of the refused-advisory digest (``federation/drops.py``).
@@ -600,7 +605,7 @@ class BrokerNode:
                     await self._inbox_room.wait()   # message bodies wait in the socket
                 frames = await framed.receive_frames()
                 c.last_rx = trio.current_time()
-                if self._site_idle():
+                if len(frames) <= INLINE_FRAMES and self._site_idle():
                     await self._handle_inline(c, frames)
                     continue
                 self._inbox_bytes += _body_bytes(frames)
