@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 Actor shape.  ONE site task owns the Site (and through it the core Broker); nothing else
-ever calls into them.  Every connection — client or broker link, accepted or dialed —
+ever calls into them but a reader standing in for it (below), under the same batch lock.
+Every connection — client or broker link, accepted or dialed —
 has a reader task and a writer task:
 
 * the reader takes every complete frame of each received chunk (``FramedStream``) and
@@ -26,6 +27,14 @@ local consumer's ack) ride in the same transaction (``apply(..., consumed=)``) a
 after a restart is still a duplicate.  While a commit runs, new input piles up in the
 inbox and becomes the next, larger batch.  Timers (expiry) run in the same task at
 ``site.next_deadline()``.
+
+A reader stands in for the site task (issue #14) when that task is parked on an empty
+inbox with nothing handed to it and the batch lock is free: it handles its chunk (at most
+``INLINE_FRAMES`` frames; a burst still goes through the inbox) as a one-chunk batch
+itself, holding the batch lock and shielded from its connection's cancellation, and moves
+the site task's wait earlier if the batch set an earlier timer.  A lone message then
+crosses the broker in one task step instead of three (reader wake-up, inbox hand-over,
+site task wake-up); batches still run one at a time, in arrival order per connection.
 
 Invariants:
 
