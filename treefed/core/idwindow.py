@@ -42,10 +42,34 @@ _SLACK = 512
 _SHED = 256
 
 
+#: The last split's ``(head, tail, key)``: ``head`` = ``<producer>:``, ``tail`` =
+#: ``\x1f<scope>`` or "" (see ``_split``).  None until the first id of that form.
+_last: tuple[str, str, str] | None = None
+
+
 def _split(msg_id: str) -> tuple[str, int] | None:
     """``(key, seq)`` when ``msg_id`` is ``<producer>:<seq>`` or, as a broker holds a
     client's id, ``<producer>:<seq>\x1f<scope>`` (wire/ids.py ``qualify``), exactly;
-    else None.  ``key`` is ``<producer>\0`` + ``\x1f<scope>`` if scoped (``_join``)."""
+    else None.  ``key`` is ``<producer>\0`` + ``\x1f<scope>`` if scoped (``_join``).
+
+    Consecutive ids are mostly one producer's (one scope): an id that is the last split
+    id's ``head`` + digits + ``tail`` gets the same key object without a parse (the
+    digits hold no ``:`` or ``\x1f``, so both rpartitions would cut where they did for
+    the last id; the key's hash is cached in the str).  Equal to ``_split_full``
+    (tests/core/test_idwindow_split.py)."""
+    last = _last
+    if last is not None:
+        head, tail, key = last
+        if msg_id.startswith(head) and msg_id.endswith(tail):
+            s = msg_id[len(head):len(msg_id) - len(tail)]
+            if s.isascii() and s.isdigit() and len(s) <= 18 and (s[0] != "0" or len(s) == 1):
+                return key, int(s)
+    return _split_full(msg_id)
+
+
+def _split_full(msg_id: str) -> tuple[str, int] | None:
+    """``_split`` by parsing ``msg_id``; remembers the result's head and tail."""
+    global _last
     body, scoped, scope = msg_id.rpartition(SCOPE_SEP)
     if not scoped:
         body = msg_id
@@ -53,7 +77,9 @@ def _split(msg_id: str) -> tuple[str, int] | None:
     if not sep or not s.isascii() or not s.isdigit() or len(s) > 18 \
             or (s[0] == "0" and len(s) > 1) or "\0" in p:
         return None
-    return (f"{p}\0{SCOPE_SEP}{scope}" if scoped else f"{p}\0"), int(s)
+    key = f"{p}\0{SCOPE_SEP}{scope}" if scoped else f"{p}\0"
+    _last = (f"{p}:", f"{SCOPE_SEP}{scope}" if scoped else "", key)
+    return key, int(s)
 
 
 def _join(key: str, seq: int) -> str:
@@ -92,13 +118,12 @@ class IdWindow:
         if msg_id in self._other:
             return True
         ps = _split(msg_id)
-        return ps is not None and self._has(ps[0], ps[1])
-
-    def _has(self, key: str, seq: int) -> bool:
-        slot = self._slots.get(key)
+        if ps is None:
+            return False
+        slot = self._slots.get(ps[0])
         if slot is None:
             return False
-        off = seq - self._base[slot]
+        off = ps[1] - self._base[slot]
         bits = self._bits[slot]
         return 0 <= off < 8 * len(bits) and bool(bits[off >> 3] & (1 << (off & 7)))
 
@@ -122,9 +147,11 @@ class IdWindow:
         if self.window <= 0 or msg_id in self._other:
             return
         ps = _split(msg_id)   # once: ``in self`` would split it again
-        if ps is not None and self._has(ps[0], ps[1]):
-            return
-        if ps is None or not self._set_bit(*ps):
+        if ps is not None:
+            done = self._set_bit(ps[0], ps[1])
+            if done is None:
+                return        # present already
+        if ps is None or not done:
             self._other.add(msg_id)
             self._other_order.append(msg_id)
             self._ring_p.append(-1)
@@ -144,10 +171,16 @@ class IdWindow:
             if slot is not None and self._clear_bit(slot, ps[1]):
                 self._live -= 1
 
-    def _set_bit(self, producer: str, seq: int) -> bool:
-        """Set ``seq``'s bit in ``producer``'s bitmap (False: too sparse, use a str)."""
+    def _set_bit(self, producer: str, seq: int) -> bool | None:
+        """Set ``seq``'s bit in ``producer``'s bitmap (False: too sparse, use a str;
+        None: it is set already)."""
         slot = self._slots.get(producer)
-        if slot is None:
+        if slot is not None:
+            off = seq - self._base[slot]
+            bits = self._bits[slot]
+            if 0 <= off < 8 * len(bits) and bits[off >> 3] & (1 << (off & 7)):
+                return None
+        else:
             if self._free:
                 slot = self._free.pop()
                 self._names[slot] = producer

@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 Actor shape.  ONE site task owns the Site (and through it the core Broker); nothing else
-ever calls into them.  Every connection — client or broker link, accepted or dialed —
+ever calls into them but a reader standing in for it (below), under the same batch lock.
+Every connection — client or broker link, accepted or dialed —
 has a reader task and a writer task:
 
 * the reader takes every complete frame of each received chunk (``FramedStream``) and
@@ -26,6 +27,14 @@ local consumer's ack) ride in the same transaction (``apply(..., consumed=)``) a
 after a restart is still a duplicate.  While a commit runs, new input piles up in the
 inbox and becomes the next, larger batch.  Timers (expiry) run in the same task at
 ``site.next_deadline()``.
+
+A reader stands in for the site task (issue #14) when that task is parked on an empty
+inbox with nothing handed to it and the batch lock is free: it handles its chunk (at most
+``INLINE_FRAMES`` frames; a burst still goes through the inbox) as a one-chunk batch
+itself, holding the batch lock and shielded from its connection's cancellation, and moves
+the site task's wait earlier if the batch set an earlier timer.  A lone message then
+crosses the broker in one task step instead of three (reader wake-up, inbox hand-over,
+site task wake-up); batches still run one at a time, in arrival order per connection.
 
 Invariants:
 
@@ -105,6 +114,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import math
 import random
 import secrets
 import time
@@ -156,6 +166,11 @@ INBOX_SIZE = 256
 INBOX_BYTES = 16 * 1024 * 1024
 #: Most inbox items folded into one batch, so one huge burst cannot starve the timers.
 MAX_BATCH = 512
+#: Most frames a reader handles itself when the site task is idle (``_handle_inline``):
+#: a lone message and its ack skip two task steps; a bigger chunk (a burst) goes to
+#: the site task, which folds what several readers queued into one batch (one write
+#: per connection for all of it).
+INLINE_FRAMES = 8
 #: Seconds a closing connection may take to flush and to be closed by its peer.
 LINGER = 2.0
 #: Seconds per window of the refused-advisory digest (``federation/drops.py``).
@@ -403,6 +418,10 @@ class BrokerNode:
         self._stopping = False
         self._stopped = trio.Event()
         self._batch_lock = trio.Lock()  # held while a batch is handled and committed
+        # the site task's wait for input and the epoch second it ends (a timer): a
+        # reader that handled a chunk itself moves it earlier (``_handle_inline``)
+        self._site_wait = trio.CancelScope()
+        self._site_due = math.inf
         self.batches = 0            # site-task batches handled (stat, tests)
         self.commits = 0            # store transactions
         self.store_full = False     # the last commit found the store full: persistent
@@ -595,6 +614,9 @@ class BrokerNode:
                     await self._inbox_room.wait()   # message bodies wait in the socket
                 frames = await framed.receive_frames()
                 c.last_rx = trio.current_time()
+                if len(frames) <= INLINE_FRAMES and self._site_idle():
+                    await self._handle_inline(c, frames)
+                    continue
                 self._inbox_bytes += _body_bytes(frames)
                 # a checkpoint per chunk: the site task's batch stays one chunk's worth
                 # per reader, so a pipelining client's answers cannot outgrow the
@@ -614,6 +636,44 @@ class BrokerNode:
                 pass
         except _SOCKET_ERRORS:
             pass
+
+    def _site_idle(self) -> bool:
+        """The site task waits for input with nothing queued or handed to it, and no
+        batch is being handled: a reader may handle its chunk itself, in order."""
+        if self._batch_lock.locked():
+            return False
+        stats = self._inbox.statistics()
+        return stats.current_buffer_used == 0 and stats.tasks_waiting_receive > 0
+
+    async def _handle_inline(self, c: _Conn, frames: list) -> None:
+        """Handle one chunk as the site task would, from its reader (issue #14: a lone
+        message crosses the broker in one task step instead of three -- the reader's
+        hand-over to the inbox and the site task's wake-up were a scheduler pass each).
+        Only when ``_site_idle``: nothing else is queued, so order is kept; the batch
+        lock makes it the only batch.  Shielded: closing ``c`` (its nursery is
+        cancelled) must not cut a batch -- the site task is never cancelled mid-batch
+        either.  A timer the batch set earlier than the site task's wait moves it."""
+        self._batch_lock.acquire_nowait()
+        try:
+            with trio.CancelScope(shield=True):
+                self._inbox_bytes += _body_bytes(frames)
+                await self._handle_batch([(c, frames)], None)
+        except Exception as exc:   # last resort, as in _site_loop
+            self.log.error("site.batch_failed", error=repr(exc), exc_info=exc, conns=[c.id])
+        finally:
+            self._batch_lock.release()
+        due = self._site_deadline()
+        if due is not None and due < self._site_due:
+            self._site_due = due
+            self._site_wait.deadline = trio.current_time() + max(due - time.time(), 0.0)
+
+    def _site_deadline(self) -> float | None:
+        """When the site task must wake without input (a Site timer, a drop summary)."""
+        deadline = self.site.next_deadline()
+        drops_due = self._drops.next_deadline()
+        if drops_due is not None and (deadline is None or drops_due < deadline):
+            deadline = drops_due   # a drop summary to write
+        return deadline
 
     async def _inject(self, c: _Conn, frames: list) -> None:
         """Frames a connection's protocol adapter adds as if the peer had sent them."""
@@ -762,17 +822,12 @@ class BrokerNode:
         everything else already queued, handle it as one batch."""
         inbox, site = self._inbox, self.site
         while True:
-            deadline = site.next_deadline()
-            drops_due = self._drops.next_deadline()
-            if drops_due is not None and (deadline is None or drops_due < deadline):
-                deadline = drops_due   # a drop summary to write
+            deadline = self._site_deadline()
             batch: list = []
-            if deadline is None:
+            self._site_due = math.inf if deadline is None else deadline
+            wait = math.inf if deadline is None else max(deadline - time.time(), 0.0)
+            with trio.move_on_after(wait) as self._site_wait:
                 batch.append(await inbox.receive())
-            else:
-                wait = deadline - time.time()
-                with trio.move_on_after(max(wait, 0.0)):
-                    batch.append(await inbox.receive())
             try:
                 while len(batch) < MAX_BATCH:
                     batch.append(inbox.receive_nowait())
