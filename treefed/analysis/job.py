@@ -97,6 +97,8 @@ __all__ = [
     "broker_metrics",
     "per_role",
     "runs_table",
+    "finish_runs",
+    "recovery_text",
     "compute",
     "main",
 ]
@@ -503,12 +505,17 @@ def recovery(events: DataFrame, faults: DataFrame | None = None) -> DataFrame:
            .agg(F.coalesce(F.round(F.max(F.when(inside, F.col("demand_ts")))
                                    - F.col("fault_ts"), 6), F.lit(0.0)).alias("s")))
     listed = F.sort_array(F.collect_list(F.struct("fault_ts", "s")))
-    text = F.array_join(F.transform(listed, lambda x: F.concat(
-        F.format_number(x["fault_ts"], 3), F.lit(" s: "),
-        F.format_string("%.3g", x["s"]))), ", ")
     return per.groupBy("run").agg(F.count(F.lit(1)).alias("fault_events"),
                                   F.max("s").alias("recovery_max_s"),
-                                  text.alias("recovery"))
+                                  recovery_text(listed).alias("recovery"))
+
+
+def recovery_text(listed: Column) -> Column:
+    """"10.000 s: 0.00200, 20.000 s: 0.00400" from an array of (fault_ts, s) structs in
+    order (also used by passes.py, so both plans format alike)."""
+    return F.array_join(F.transform(listed, lambda x: F.concat(
+        F.format_number(x["fault_ts"], 3), F.lit(" s: "),
+        F.format_string("%.3g", x["s"]))), ", ")
 
 
 def convergence(events: DataFrame, faults: DataFrame | None = None) -> DataFrame:
@@ -633,6 +640,14 @@ def runs_table(info: DataFrame, summaries: DataFrame, lines: DataFrame,
         joined = joined.join(part, "run", "left")
     if where is None:
         joined = joined.withColumn("stranded_at", F.lit(None).cast("string"))
+    return finish_runs(joined)
+
+
+def finish_runs(joined: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
+    """The runs table from one frame per run holding run.started's facts, ``s_``-prefixed
+    summary.json fields and the log's metrics (``runs_table``'s join, or passes.py's
+    frame built on the driver): coalesced facts, zeros for absent counts, the accounting
+    columns; ``extra`` columns are carried at the end."""
     joined = (joined
               .withColumn("scenario", F.coalesce("scenario", "s_scenario", "run"))
               .withColumn("mode", F.coalesce("mode", "s_mode", F.lit("unknown")))
@@ -669,7 +684,7 @@ def runs_table(info: DataFrame, summaries: DataFrame, lines: DataFrame,
                 F.col("s_events").alias("summary_lines"), "finished",
                 F.lit(None).cast("string").alias("problems"),
                 "sibling_spill", "downward_spill", "fault_events", "recovery_max_s",
-                "recovery")
+                "recovery", *extra)
             .orderBy("scenario", "brokers", F.col("ttl").isNotNull(), "ttl", "mode", "run"))
 
 
@@ -823,6 +838,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="include runs that are not whole evidence (no complete "
                         "summary.json, truncated log, unparseable lines, accounting that "
                         "does not close), flagged in every table, instead of refusing")
+    # the stage-per-metric plan (compute) instead of the two passes (passes.py): kept to
+    # check the passes against and to measure them (bench/spark_rows.py)
+    p.add_argument("--legacy-plan", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", action="append", default=[], metavar="DIR",
                    help="also show the modelled estates of a `treefed model ... --out DIR` "
                         "(its runs.csv), marked as modelled (repeatable)")
@@ -882,9 +900,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         job_started = time.perf_counter()
         progress.__enter__()
-        tables = compute(spark, args.runs, json_only=frozenset(bad_parts))
-        runs = [r.asDict() for r in tables.runs.collect()]
-        role_rows = tables.per_role.collect()
+        if args.legacy_plan:
+            tables = compute(spark, args.runs, json_only=frozenset(bad_parts))
+            runs = [r.asDict() for r in tables.runs.collect()]
+            role_rows = [r.asDict() for r in tables.per_role.collect()]
+            runs_schema, roles_schema = tables.runs.schema, tables.per_role.schema
+        else:
+            from treefed.analysis.passes import ROLE_SCHEMA, compute_passes
+
+            tables = compute_passes(spark, args.runs, json_only=frozenset(bad_parts))
+            runs, role_rows = tables.runs, tables.per_role
+            runs_schema, roles_schema = tables.runs_schema, ROLE_SCHEMA
         verdict = {r["run"]: p for r in runs if (p := integrity.run_problems(r))}
         for r, said in bad_parts.items():
             verdict.setdefault(Path(r).name, []).extend(said)
@@ -896,14 +922,16 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         # The two small tables are written from what was collected, not recomputed.
         for name, frame in (
-                ("runs", spark.createDataFrame([tuple(r[c] for c in tables.runs.columns)
-                                                for r in runs], tables.runs.schema)),
-                ("per_role", spark.createDataFrame(role_rows, tables.per_role.schema)),
+                ("runs", spark.createDataFrame([tuple(r[f.name] for f in runs_schema.fields)
+                                                for r in runs], runs_schema)),
+                ("per_role", spark.createDataFrame(
+                    [tuple(r[f.name] for f in roles_schema.fields) for r in role_rows],
+                    roles_schema)),
                 ("brokers", tables.brokers)):
             frame.coalesce(1).write.mode("overwrite").parquet(f"{tables_dir}/{name}.parquet")
         tables.release()
         job_s = time.perf_counter() - job_started
-        roles = [r.asDict() for r in role_rows]
+        roles = [dict(r) for r in role_rows]
         flagged = {r["run"] for r in runs if r["problems"]}
         for r in roles:
             r["partial"] = r["run"] in flagged
