@@ -136,9 +136,11 @@ def dimensions(events: DataFrame) -> DataFrame:
 # ----------------------------------------------------------------------------- pass 2
 
 def _fact(tag: str, broker: Column | None = None, a: Column | None = None,
-          b: Column | None = None, ts: Column | None = None, net: int | Column = 1) -> Column:
+          b: Column | None = None, ts: Column | None = None, net: int | Column = 1,
+          code: Column | None = None) -> Column:
     none = F.lit(None).cast("string")
     return F.struct(F.lit(tag).alias("tag"),
+                    (F.lit(0) if code is None else code).alias("code"),
                     (none if broker is None else broker).alias("broker"),
                     (none if a is None else a).alias("a"),
                     (none if b is None else b).alias("b"),
@@ -201,7 +203,13 @@ def facts(raw: DataFrame, interest: DataFrame, roles: DataFrame,
             .otherwise(F.concat_ws("\x00", "msg", "dst"))
     qualified = F.when(F.col("consumer").startswith(F.concat(F.col("broker"), F.lit("/"))),
                        F.col("consumer")).otherwise(F.concat_ws("/", "broker", "consumer"))
-    p = _fact("P", F.when(ok & ~F.col("event").startswith("run."), F.col("broker")))
+    # which of the P counts a line adds to, as bits (one key column and one count
+    # instead of a sum per count: the bits of a broker's lines take a few values)
+    code = sum((F.coalesce(c.cast("int"), F.lit(0)) * (1 << k)
+                for k, c in enumerate(counts.values())
+                if k > 0), F.lit(0))
+    p = _fact("P", F.when(ok & ~F.col("event").startswith("run."), F.col("broker")),
+              code=code)
     in_tree = F.col("run").isin(*tree_runs) if tree_runs else F.lit(False)
     tagged = (F.when(F.col("bad"), F.array(p))
               .when(F.col("created"), F.array(
@@ -218,12 +226,9 @@ def facts(raw: DataFrame, interest: DataFrame, roles: DataFrame,
               .when(_is("link.down", "link.up"),
                     F.array(p, _fact("L", a=F.col("event"), ts=F.col("ts"))))
               .otherwise(F.array(p)))
-    exploded = rows.select(*(c.cast("long").alias(n) for n, c in counts.items()),
-                           F.col("run"), F.inline(tagged))
-    is_p = F.col("tag") == "P"
-    return exploded.groupBy("tag", "run", "broker", "a", "b", "ts").agg(
-        F.sum("net").alias("n"),
-        *(F.sum(F.when(is_p, F.col(n))).alias(n) for n in counts))
+    exploded = rows.select(F.col("run"), F.inline(tagged))
+    return exploded.groupBy("tag", "run", "broker", "a", "b", "ts", "code").agg(
+        F.sum("net").alias("n"))
 
 
 # ----------------------------------------------------------------------------- driver side
@@ -392,16 +397,22 @@ def _assemble(spark: SparkSession, table, info: dict, roles: dict, summaries: li
     forwards: dict[str, list[tuple]] = defaultdict(list)
     adds: dict[tuple[str, str], list[float]] = defaultdict(list)
     links: dict[str, list[tuple[str, float]]] = defaultdict(list)
-    for tag, run, broker, a, b, ts, n, *counts in zip(
+    names = ("bad_lines", "finished") + _COUNTS     # the code's bits, from 1 up
+    for tag, run, broker, a, b, ts, code, n in zip(
             cols["tag"], cols["run"], cols["broker"], cols["a"], cols["b"], cols["ts"],
-            cols["n"], cols["lines"], cols["bad_lines"], cols["finished"],
-            *(cols[c] for c in _COUNTS)):
+            cols["code"], cols["n"]):
         if tag == "P":
             total = lines.setdefault(run, [0, 0, 0])
-            for k in range(3):
-                total[k] += counts[k]
+            total[0] += n
+            total[1] += n if code & 2 else 0
+            total[2] += n if code & 4 else 0
             if broker is not None:
-                brokers[(run, broker)] = dict(zip(_COUNTS, counts[3:]))
+                m = brokers.get((run, broker))
+                if m is None:
+                    m = brokers[(run, broker)] = dict.fromkeys(_COUNTS, 0)
+                for k, name in enumerate(names[2:], start=3):
+                    if code & (1 << k):
+                        m[name] += n
         elif tag == "T":
             held[(run, broker)][ts] += n
             if ts is not None:
