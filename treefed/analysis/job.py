@@ -825,10 +825,11 @@ def _jvm_cpu_s(spark: SparkSession) -> float | None:
     """CPU seconds the driver JVM has used (with a local master: all of Spark's work),
     None where the JVM does not say.  A figure the machine's load does not inflate."""
     try:
-        bean = spark.sparkContext._jvm.java.lang.management.ManagementFactory \
-            .getOperatingSystemMXBean()
-        return bean.getProcessCpuTime() / 1e9
-    except Exception:   # another JVM, or no gateway (Spark Connect)
+        pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except Exception:   # no /proc (not Linux), no gateway (Spark Connect)
         return None
 
 
