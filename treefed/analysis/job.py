@@ -97,6 +97,8 @@ __all__ = [
     "broker_metrics",
     "per_role",
     "runs_table",
+    "finish_runs",
+    "recovery_text",
     "compute",
     "main",
 ]
@@ -218,8 +220,10 @@ def event_files(paths: list[str]) -> list[str]:
 
 
 def _run_of(file_path: Column) -> Column:
-    """The run id of a file: the name of the directory holding it."""
-    return F.regexp_extract(file_path, r"([^/]+)/[^/]+$", 1)
+    """The run id of a file: the name of the directory holding it.  (Two substring_index
+    calls, not a regex: evaluated on every row, the regex was a third of the two-pass
+    job's CPU.)"""
+    return F.substring_index(F.substring_index(file_path, "/", -2), "/", 1)
 
 
 def parquet_parts(path: str) -> list[str] | None:
@@ -503,12 +507,17 @@ def recovery(events: DataFrame, faults: DataFrame | None = None) -> DataFrame:
            .agg(F.coalesce(F.round(F.max(F.when(inside, F.col("demand_ts")))
                                    - F.col("fault_ts"), 6), F.lit(0.0)).alias("s")))
     listed = F.sort_array(F.collect_list(F.struct("fault_ts", "s")))
-    text = F.array_join(F.transform(listed, lambda x: F.concat(
-        F.format_number(x["fault_ts"], 3), F.lit(" s: "),
-        F.format_string("%.3g", x["s"]))), ", ")
     return per.groupBy("run").agg(F.count(F.lit(1)).alias("fault_events"),
                                   F.max("s").alias("recovery_max_s"),
-                                  text.alias("recovery"))
+                                  recovery_text(listed).alias("recovery"))
+
+
+def recovery_text(listed: Column) -> Column:
+    """"10.000 s: 0.00200, 20.000 s: 0.00400" from an array of (fault_ts, s) structs in
+    order (also used by passes.py, so both plans format alike)."""
+    return F.array_join(F.transform(listed, lambda x: F.concat(
+        F.format_number(x["fault_ts"], 3), F.lit(" s: "),
+        F.format_string("%.3g", x["s"]))), ", ")
 
 
 def convergence(events: DataFrame, faults: DataFrame | None = None) -> DataFrame:
@@ -633,6 +642,14 @@ def runs_table(info: DataFrame, summaries: DataFrame, lines: DataFrame,
         joined = joined.join(part, "run", "left")
     if where is None:
         joined = joined.withColumn("stranded_at", F.lit(None).cast("string"))
+    return finish_runs(joined)
+
+
+def finish_runs(joined: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
+    """The runs table from one frame per run holding run.started's facts, ``s_``-prefixed
+    summary.json fields and the log's metrics (``runs_table``'s join, or passes.py's
+    frame built on the driver): coalesced facts, zeros for absent counts, the accounting
+    columns; ``extra`` columns are carried at the end."""
     joined = (joined
               .withColumn("scenario", F.coalesce("scenario", "s_scenario", "run"))
               .withColumn("mode", F.coalesce("mode", "s_mode", F.lit("unknown")))
@@ -669,7 +686,7 @@ def runs_table(info: DataFrame, summaries: DataFrame, lines: DataFrame,
                 F.col("s_events").alias("summary_lines"), "finished",
                 F.lit(None).cast("string").alias("problems"),
                 "sibling_spill", "downward_spill", "fault_events", "recovery_max_s",
-                "recovery")
+                "recovery", *extra)
             .orderBy("scenario", "brokers", F.col("ttl").isNotNull(), "ttl", "mode", "run"))
 
 
@@ -804,6 +821,18 @@ def _session(args: argparse.Namespace) -> tuple[SparkSession, bool]:
     return spark, True
 
 
+def _jvm_cpu_s(spark: SparkSession) -> float | None:
+    """CPU seconds the driver JVM has used (with a local master: all of Spark's work),
+    None where the JVM does not say.  A figure the machine's load does not inflate."""
+    try:
+        pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except Exception:   # no /proc (not Linux), no gateway (Spark Connect)
+        return None
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="treefed report",
@@ -823,6 +852,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="include runs that are not whole evidence (no complete "
                         "summary.json, truncated log, unparseable lines, accounting that "
                         "does not close), flagged in every table, instead of refusing")
+    # the stage-per-metric plan (compute) instead of the two passes (passes.py): kept to
+    # check the passes against and to measure them (bench/spark_rows.py)
+    p.add_argument("--legacy-plan", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", action="append", default=[], metavar="DIR",
                    help="also show the modelled estates of a `treefed model ... --out DIR` "
                         "(its runs.csv), marked as modelled (repeatable)")
@@ -879,12 +911,21 @@ def main(argv: list[str] | None = None) -> int:
     # against summary.json then names the run as truncated (integrity.run_problems).
     spark.conf.set("spark.sql.files.ignoreCorruptFiles", "true")
     session_s = time.perf_counter() - started
+    cpu_started = _jvm_cpu_s(spark)
     try:
         job_started = time.perf_counter()
         progress.__enter__()
-        tables = compute(spark, args.runs, json_only=frozenset(bad_parts))
-        runs = [r.asDict() for r in tables.runs.collect()]
-        role_rows = tables.per_role.collect()
+        if args.legacy_plan:
+            tables = compute(spark, args.runs, json_only=frozenset(bad_parts))
+            runs = [r.asDict() for r in tables.runs.collect()]
+            role_rows = [r.asDict() for r in tables.per_role.collect()]
+            runs_schema, roles_schema = tables.runs.schema, tables.per_role.schema
+        else:
+            from treefed.analysis.passes import ROLE_SCHEMA, compute_passes
+
+            tables = compute_passes(spark, args.runs, json_only=frozenset(bad_parts))
+            runs, role_rows = tables.runs, tables.per_role
+            runs_schema, roles_schema = tables.runs_schema, ROLE_SCHEMA
         verdict = {r["run"]: p for r in runs if (p := integrity.run_problems(r))}
         for r, said in bad_parts.items():
             verdict.setdefault(Path(r).name, []).extend(said)
@@ -896,17 +937,24 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         # The two small tables are written from what was collected, not recomputed.
         for name, frame in (
-                ("runs", spark.createDataFrame([tuple(r[c] for c in tables.runs.columns)
-                                                for r in runs], tables.runs.schema)),
-                ("per_role", spark.createDataFrame(role_rows, tables.per_role.schema)),
+                ("runs", spark.createDataFrame([tuple(r[f.name] for f in runs_schema.fields)
+                                                for r in runs], runs_schema)),
+                ("per_role", spark.createDataFrame(
+                    [tuple(r[f.name] for f in roles_schema.fields) for r in role_rows],
+                    roles_schema)),
                 ("brokers", tables.brokers)):
             frame.coalesce(1).write.mode("overwrite").parquet(f"{tables_dir}/{name}.parquet")
         tables.release()
         job_s = time.perf_counter() - job_started
-        roles = [r.asDict() for r in role_rows]
+        roles = [dict(r) for r in role_rows]
         flagged = {r["run"] for r in runs if r["problems"]}
         for r in roles:
             r["partial"] = r["run"] in flagged
+        from treefed.analysis.progress import work_done
+
+        spark_jobs, spark_stages = work_done(spark.sparkContext.statusTracker())
+        jvm_cpu = _jvm_cpu_s(spark)
+        jvm_cpu = None if jvm_cpu is None or cpu_started is None else jvm_cpu - cpu_started
     finally:
         progress.__exit__()
         if owned:
@@ -926,7 +974,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['problems']}", file=sys.stderr)
     print(f"{len(runs)} runs, {len(files)} event logs, {lines:,} lines: "
           f"job {job_s:.1f} s ({lines / job_s if job_s else 0:,.0f} lines/s), "
-          f"Spark start {session_s:.1f} s")
+          f"Spark start {session_s:.1f} s, {spark_jobs} Spark jobs, {spark_stages} stages"
+          + (f", driver JVM CPU {jvm_cpu:.1f} s" if jvm_cpu is not None else ""))
     print(f"report: {(out / 'index.html').resolve()}")
     return 0
 

@@ -17,7 +17,7 @@ import sys
 import threading
 from typing import Any, TextIO
 
-__all__ = ["StageProgress", "describe", "SHOWN"]
+__all__ = ["StageProgress", "describe", "work_done", "SHOWN"]
 
 #: Active stages named in one line (the rest counted): a query plan runs many at once.
 SHOWN = 3
@@ -37,6 +37,18 @@ def describe(tracker: Any) -> str:
     done = sum(1 for job in tracker.getJobIdsForGroup(None)
                if (j := tracker.getJobInfo(job)) is not None and j.status == "SUCCEEDED")
     return f"Spark: {done} jobs done; " + ", ".join(stages)
+
+
+def work_done(tracker: Any) -> tuple[int, int]:
+    """(Spark jobs, stages) the tracker has seen, skipped stages included: how many
+    pieces the driver scheduled (the job prints it; bench/spark_rows.py reads it)."""
+    jobs = list(tracker.getJobIdsForGroup(None))
+    stages: set[int] = set()
+    for job in jobs:
+        info = tracker.getJobInfo(job)
+        if info is not None:
+            stages.update(info.stageIds)
+    return len(jobs), len(stages)
 
 
 class StageProgress:

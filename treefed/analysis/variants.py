@@ -22,11 +22,11 @@ Per run, from its event log (Spark, like job.py):
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 __all__ = ["VARIANT_COLUMNS", "root_demand", "extra_hops", "recovery_frames",
-           "variant_metrics"]
+           "frames_text", "variant_metrics"]
 
 #: The run columns this module adds (job.RUN_COLUMNS ends with them).
 VARIANT_COLUMNS = ("root_demand", "extra_hops", "recovery_frames", "recovery_frames_by_event")
@@ -88,11 +88,16 @@ def recovery_frames(events: DataFrame, faults: DataFrame) -> DataFrame:
     per = (spans.join(sent, "run", "left").groupBy("run", "fault_ts")
            .agg(F.count(F.when(inside, 1)).alias("frames")))
     listed = F.sort_array(F.collect_list(F.struct("fault_ts", "frames")))
-    text = F.array_join(F.transform(listed, lambda x: F.concat(
+    return per.groupBy("run").agg(F.sum("frames").alias("recovery_frames"),
+                                  frames_text(listed).alias("recovery_frames_by_event"))
+
+
+def frames_text(listed: Column) -> Column:
+    """"10.000 s: 12, 20.000 s: 3" from an array of (fault_ts, frames) structs in order
+    (also used by passes.py)."""
+    return F.array_join(F.transform(listed, lambda x: F.concat(
         F.format_number(x["fault_ts"], 3), F.lit(" s: "), x["frames"].cast("string"))),
         ", ")
-    return per.groupBy("run").agg(F.sum("frames").alias("recovery_frames"),
-                                  text.alias("recovery_frames_by_event"))
 
 
 def variant_metrics(events: DataFrame, brokers: DataFrame, roles: DataFrame,

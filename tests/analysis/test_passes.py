@@ -1,0 +1,170 @@
+"""The two-pass plan (analysis/passes.py) against the stage-per-metric plan (job.compute):
+the same runs.csv and per_role.csv byte for byte and the same Parquet tables, on runner
+runs (Parquet parts and their JSON lines: retail-small in every mode, churn with its link
+cuts, consumer churn and broker restart) and hand-written logs (the five-store estate of
+test_job with gzip and unparseable lines, the tree-variant estate of test_variants with
+fault events and extra hops, and wildcard topics with a duplicate delivery).  And
+``spark_percentile`` against Spark's own percentile_approx."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from treefed.analysis.passes import site_tier, spark_percentile
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# ----------------------------------------------------------------------------- no Spark
+
+def test_percentile_is_the_exact_rank_pick_below_5000_values():
+    values = [float(v) for v in range(1, 101)]
+    random.Random(1).shuffle(values)
+    assert spark_percentile(values, 0.5) == 50.0      # ceil(0.5 * 100) = 50th
+    assert spark_percentile(values, 0.99) == 99.0
+    assert spark_percentile([3.0], 0.5) == 3.0
+    assert spark_percentile([2.0, 1.0], 0.5) == 1.0   # the lower median
+    assert spark_percentile([], 0.5) is None
+    many = [float(v) for v in range(4999)]
+    assert spark_percentile(many, 0.5) == many[math.ceil(0.5 * 4999) - 1]
+
+
+def test_site_tier_like_job_site_tier():
+    assert [site_tier(b) for b in ("hq", "hq-2", "region-1", "store-r1-0001", "edge-9",
+                                   "runner", None, "-x", "r2-d2")] == \
+        ["hq", "hq", "region", "store", "edge", "other", "other", "other", "other"]
+
+
+# ----------------------------------------------------------------------------- Spark
+
+@pytest.mark.spark
+def test_percentile_equals_spark_percentile_approx(spark):
+    """One partial aggregate (one partition), as the small per-consumer frames of the
+    stage plan end up after AQE coalesces them: below and above 5,000 values."""
+    from pyspark.sql import functions as F
+
+    rng = random.Random(7)
+    sets = {n: [round(rng.random() * 3, 6) for _ in range(n)]
+            for n in (1, 2, 7, 100, 4999, 6000, 12000)}
+    sets[3000] = [0.5] * 1000 + [0.25] * 2000     # ties
+    rows = [(n, v) for n, vs in sets.items() for v in vs]
+    got = (spark.createDataFrame(rows, "n long, v double").coalesce(1)
+           .groupBy("n").agg(F.percentile_approx("v", [0.5, 0.99]).alias("q")).collect())
+    for row in got:
+        assert list(row["q"]) == [spark_percentile(sets[row["n"]], 0.5),
+                                  spark_percentile(sets[row["n"]], 0.99)], row["n"]
+
+
+def _json_copy(run: Path, root: Path) -> Path:
+    """The run without its Parquet parts, under another name: read from its JSON lines."""
+    copy = root / (run.name + "-json")
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("*.parquet"))
+    summary = json.loads((copy / "summary.json").read_text())
+    summary.pop("parquet_parts", None)
+    (copy / "summary.json").write_text(json.dumps(summary))
+    return copy
+
+
+def _wildcard_run(root: Path) -> Path:
+    """A topic wildcard consumer at a store, a region forwarding a concrete topic under
+    it (interest through the pattern), a topic delivered twice to one subscriber."""
+    run = root / "wild-tree"
+    run.mkdir()
+    lines = []
+
+    def add(ts, broker, event, **fields):
+        lines.append({"ts": ts, "broker": broker, "event": event, "run": "wild-tree",
+                      "v": 1, **fields})
+
+    add(0.0, "runner", "run.started", scenario="wild", mode="tree", engine="replay",
+        brokers=3, links=2, params=json.dumps({"regions": 1, "stores_per_region": 1}))
+    for broker, role, parent in (("hq", "root", None), ("region-1", "branch", "hq"),
+                                 ("store-r1-0001", "leaf", "region-1")):
+        add(0.0, broker, "broker.info", role=role, node_type=role, parent=parent)
+    add(1.0, "store-r1-0001", "consumer.added", consumer="store-r1-0001/c/1",
+        dst="topic://PRICES.>")
+    for sender, receiver in (("store-r1-0001", "region-1"), ("region-1", "hq")):
+        common = dict(consumer="store-r1-0001/c/1", dst="topic://PRICES.>",
+                      origin="store-r1-0001", kind="add", hops=1)
+        add(1.5, sender, "advisory.sent", link="l", peer=receiver, **common)
+        add(1.5, receiver, "advisory.received", link="l", peer=sender, **common)
+        add(1.5, receiver, "demand.created", link="l", peer=sender, priority=0,
+            conduit=False, consumer="store-r1-0001/c/1", dst="topic://PRICES.>",
+            origin="store-r1-0001")
+    add(2.0, "hq", "message.produced", msg="p1", dst="topic://PRICES.eu")
+    add(2.0, "hq", "message.forwarded", msg="p1", dst="topic://PRICES.eu", link="l",
+        peer="region-1", hops=1)
+    add(2.0, "region-1", "message.forwarded", msg="p1", dst="topic://PRICES.eu",
+        link="l", peer="store-r1-0001", hops=2)
+    for _ in range(2):
+        add(2.5, "store-r1-0001", "message.delivered", msg="p1", dst="topic://PRICES.eu",
+            consumer="store-r1-0001/c/1")
+    add(3.0, "runner", "run.finished", scenario="wild", mode="tree", engine="replay",
+        brokers=3, links=2, params="{}")
+    (run / "events.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return run
+
+
+@pytest.fixture(scope="module")
+def every_kind_of_run(tmp_path_factory) -> list[Path]:
+    from tests.analysis.test_job import write_run
+    from tests.analysis.test_variants import mesh_log, tree_log
+    from treefed.scenario.runner import run_scenario
+
+    root = tmp_path_factory.mktemp("passes")
+    runs = [r.path for name in ("retail-small", "churn")
+            for r in run_scenario(ROOT / "scenarios" / f"{name}.toml", engine="replay",
+                                  out=root / "runner")]
+    plain = root / "plain"
+    plain.mkdir()
+    runs.append(_json_copy(runs[0], plain))
+    hand = root / "hand"
+    hand.mkdir()
+    runs += [write_run(hand, "tree"), write_run(hand, "mesh-ttl1", bad=True),
+             write_run(hand, "mesh-ttl2", gz=True), _wildcard_run(hand)]
+    for name, lines in (("variant-t", tree_log()), ("variant-m", mesh_log())):
+        run = hand / name
+        run.mkdir()
+        (run / "events.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        runs.append(run)
+    return runs
+
+
+def _report(dirs: list[Path], out: Path, *extra: str) -> str:
+    from treefed.analysis import job
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()):
+        status = job.main([str(d) for d in dirs]
+                          + ["--out", str(out), "--allow-partial", *extra])
+    assert status == 0
+    return printed.getvalue()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_passes_give_the_stage_plans_tables(spark, every_kind_of_run, tmp_path):
+    old, new = tmp_path / "old", tmp_path / "new"
+    _report(every_kind_of_run, old, "--legacy-plan")
+    _report(every_kind_of_run, new)
+    for name in ("runs.csv", "per_role.csv"):
+        assert (new / name).read_bytes() == (old / name).read_bytes(), name
+    runs = (new / "runs.csv").read_text().splitlines()
+    assert len(runs) == 1 + len(every_kind_of_run)
+    # the fixtures reach every metric: faults, recovery frames, extra hops, wildcards
+    text = (new / "runs.csv").read_text()
+    assert "variant-t" in text and "10.000 s: 3, 20.000 s: 2" in text
+    for name in ("runs", "per_role", "brokers"):
+        a = spark.read.parquet(str(old / "tables" / f"{name}.parquet"))
+        b = spark.read.parquet(str(new / "tables" / f"{name}.parquet"))
+        assert a.schema.simpleString() == b.schema.simpleString(), name
+        assert sorted(map(tuple, a.collect()), key=repr) == \
+            sorted(map(tuple, b.collect()), key=repr), name

@@ -1,0 +1,659 @@
+"""The comparison job in two passes over the event rows: the tables of job.py, fast.
+
+Theory of operation
+-------------------
+job.py's stage functions (one DataFrame per metric, joined per run) are the definitions;
+run as one Spark plan they cost ~70 Spark jobs and ~400 stages, and on a 2-core machine
+the job's time went to their scheduling and shuffles, not to reading rows (97,374 rows/s
+in make run).  Here the same tables come from two scans of the event rows and small
+results on the driver:
+
+1. ``dimensions`` -- one aggregation over the few rows that define the others:
+   ``broker.info`` (role, node type, parent per broker: max_by ts, as job.broker_roles),
+   ``run.started`` (job.run_info's facts and params, min_by ts), the (broker, dst) pairs a
+   broker produced or forwarded (job.interest's direct part) and the wildcard
+   destinations.  Cached (a few rows per broker), collected; wildcard coverage is
+   resolved on the driver with the same regex job.interest builds.
+2. ``facts`` -- one aggregation over every row.  Each row is joined (broadcast: the
+   dimension tables are small) with its broker's interest and role and its origin's role,
+   then exploded into one to three tagged rows and summed by tag and key:
+
+   ``P`` (run, broker)        lines, bad lines, finished, and every per-broker count of
+                              job.broker_metrics (advisory frames/receipts/spill split,
+                              demand created/wasted, deliveries, stranded)
+   ``T`` (run, broker, ts)    demand created minus removed: max_demand, recovery
+   ``C`` (run, consumer, ts)  demand created for a consumer: convergence
+   ``S`` (run, ts)            advisory frames sent: recovery_frames
+   ``M`` (run, broker, copy, msg)  deliveries: delivered copies, duplicates, extra_hops
+   ``F`` (run, broker, peer, msg)  forwards in tree-mode runs: extra_hops
+   ``A`` (run, consumer, ts)  consumer adds: convergence
+   ``L`` (run, event, ts)     link downs/ups: fault events
+
+   With the replay engine's virtual clock a run has a handful of distinct ``ts``, so the
+   result is a few rows per broker and per consumer plus one per delivery -- small next
+   to the advisories (~2 % of the rows at 4 x 100 TTL 2); it is collected once (Arrow).
+
+3. On the driver, in plain Python over those rows: per-broker and per-role tables, the
+   time-window metrics (convergence, recovery, recovery frames: a walk over a few sorted
+   times per consumer or fault), extra hops (a walk over the parent table, as
+   variants._ancestors already did), stranded_at.  Python and not Spark because the
+   inputs are now thousands of rows, where each Spark job costs more than the work; the
+   counting is integer arithmetic, and what Spark formats or rounds (``round``,
+   ``format_number``, ``%.3g``, the accounting columns) is still done by Spark, by the
+   same expressions (``job.finish_runs``, ``job.recovery_text``,
+   ``variants.frames_text``) over one local frame of one row per run.
+
+``percentile_approx`` is reproduced by ``spark_percentile``: Spark's Greenwald-Khanna
+summary (accuracy 10,000) over one partial aggregate -- exact below 5,000 consumers per
+run, Spark's own one-rank-lower pick above it.
+
+Where the two plans differ, this module is wrong: tests/analysis/test_passes.py runs
+both on fixtures and compares runs.csv and per_role.csv byte for byte.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from bisect import bisect_left
+from collections import defaultdict
+from dataclasses import dataclass
+
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from treefed.analysis import job
+from treefed.analysis.job import _INTEREST_EVENTS, _is, _is_add, _store
+
+__all__ = ["PassTables", "dimensions", "facts", "compute_passes", "spark_percentile",
+           "site_tier", "BROKER_COLUMNS"]
+
+#: Columns of the brokers table (job.broker_metrics), in order.
+BROKER_COLUMNS = ("run", "broker", "advisory_frames", "advisory_receipts",
+                  "spilled_advisories", "sibling_spill", "downward_spill", "demand_created",
+                  "wasted_demand", "max_demand", "deliveries", "stranded")
+
+#: The per-broker counts summed in ``P`` rows (besides lines, bad_lines, finished).
+_COUNTS = BROKER_COLUMNS[2:9] + ("deliveries", "stranded")
+
+#: per_role's types (job.per_role): the names are strings, the rest counts.
+ROLE_SCHEMA = T.StructType([
+    T.StructField(c, T.StringType() if c in ("run", "scenario", "mode", "role", "tier")
+                  else T.LongType()) for c in job.ROLE_COLUMNS])
+
+BROKER_SCHEMA = T.StructType([T.StructField(c, T.StringType()) for c in BROKER_COLUMNS[:2]]
+                             + [T.StructField(c, T.LongType()) for c in BROKER_COLUMNS[2:]])
+
+_RELATIVE_ERROR = 1.0 / 10000     # percentile_approx's default accuracy
+
+
+# ----------------------------------------------------------------------------- pass 1
+
+def dimensions(events: DataFrame) -> DataFrame:
+    """One row per broker.info broker (``info``), run (``start``), (broker, dst) sent to
+    (``send``) and wildcard destination (``pattern``), from the valid events."""
+    wild = F.col("dst").contains("*") | F.col("dst").contains(">")
+    sends = _is(*_INTEREST_EVENTS) & F.col("dst").isNotNull()
+    rows = events.where(_is("broker.info", "run.started") | sends | wild)
+    kind = (F.when(sends, "send").when(_is("broker.info"), "info")
+            .when(_is("run.started"), "start").otherwise("pattern"))
+
+    def key(k: Column | str, broker: Column | None, dst: Column | None) -> Column:
+        k = F.lit(k) if isinstance(k, str) else k
+        return F.struct(k.alias("kind"),
+                        (broker if broker is not None else F.lit(None).cast("string"))
+                        .alias("broker"),
+                        (dst if dst is not None else F.lit(None).cast("string")).alias("dst"))
+
+    main = key(kind, F.when(kind.isin("send", "info"), F.col("broker")),
+               F.when(kind.isin("send", "pattern"), F.col("dst")))
+    # a broker.info or run.started line with a wildcard dst is a pattern too
+    keys = F.when(wild & ~sends & _is("broker.info", "run.started"),
+                  F.array(main, key("pattern", None, F.col("dst")))).otherwise(F.array(main))
+    exploded = rows.select("run", "ts", "role", "node_type", "parent", "scenario", "mode",
+                           "engine", "brokers", "links", "params", F.inline(keys))
+    agg = exploded.groupBy("kind", "run", "broker", "dst").agg(
+        *(F.max_by(c, "ts").alias(c) for c in ("role", "node_type", "parent")),
+        *(F.min_by(c, "ts").alias(c)
+          for c in ("scenario", "mode", "engine", "brokers", "links", "params")))
+
+    def param(name: str) -> Column:
+        return F.expr(f"try_cast(get_json_object(params, '$.{name}') AS BIGINT)")
+
+    out = agg.select("kind", "run", "broker", "dst", "role", "node_type", "parent",
+                     "scenario", "mode", "engine", "brokers", "links",
+                     param("regions").alias("regions"),
+                     param("stores_per_region").alias("stores_per_region"),
+                     param("depth").alias("depth"),
+                     param("network_ttl").alias("network_ttl"),
+                     F.when(F.col("dst").contains("*") | F.col("dst").contains(">"),
+                            job._pattern_regex(F.col("dst"))).alias("pattern_re"))
+    return out.select("*", job._ttl(out))
+
+
+# ----------------------------------------------------------------------------- pass 2
+
+def _fact(tag: str, broker: Column | None = None, a: Column | None = None,
+          b: Column | None = None, ts: Column | None = None, net: int | Column = 1,
+          code: Column | None = None) -> Column:
+    none = F.lit(None).cast("string")
+    return F.struct(F.lit(tag).alias("tag"),
+                    (F.lit(0) if code is None else code).alias("code"),
+                    (none if broker is None else broker).alias("broker"),
+                    (none if a is None else a).alias("a"),
+                    (none if b is None else b).alias("b"),
+                    (F.lit(None).cast("double") if ts is None else ts).alias("ts"),
+                    (F.lit(net) if isinstance(net, int) else net).cast("long").alias("net"))
+
+
+def facts(raw: DataFrame, interest: DataFrame, roles: DataFrame,
+          tree_runs: list[str]) -> DataFrame:
+    """The tagged sums of the module doc from every read line (corrupt ones included:
+    they count as lines).  ``interest``: (run, broker, dst) distinct; ``roles``: (run,
+    broker, role) one row per broker; ``tree_runs``: run ids whose forwards to keep."""
+    bad = job._bad()
+    valid = ~bad
+    adv_add = valid & _is("advisory.sent", "advisory.received") & _is_add()
+    created = valid & _is("demand.created")
+    origin = F.coalesce(F.col("origin"), F.substring_index("consumer", "/", 1))
+    rows = raw.select(
+        "run", "ts", "broker", "event", "consumer", "dst", "msg", "peer",
+        bad.alias("bad"), adv_add.alias("adv_add"), created.alias("created"),
+        F.when(adv_add | created, F.col("dst")).alias("j_dst"),
+        F.when(adv_add, F.col("broker")).alias("j_broker"),
+        F.when(adv_add, origin).alias("j_origin"))
+    i = interest.select(F.col("run").alias("i_run"), F.col("broker").alias("i_broker"),
+                        F.col("dst").alias("i_dst"), F.lit(True).alias("i_useful"))
+    r = roles.select(F.col("run").alias("r_run"), F.col("broker").alias("r_broker"),
+                     F.col("role").alias("role"))
+    o = roles.select(F.col("run").alias("o_run"), F.col("broker").alias("o_broker"),
+                     F.col("role").alias("origin_role"))
+    rows = (rows.join(F.broadcast(i), (F.col("run") == F.col("i_run"))
+                      & (F.col("broker") == F.col("i_broker"))
+                      & (F.col("j_dst") == F.col("i_dst")), "left")
+            .join(F.broadcast(r), (F.col("run") == F.col("r_run"))
+                  & (F.col("j_broker") == F.col("r_broker")), "left")
+            .join(F.broadcast(o), (F.col("run") == F.col("o_run"))
+                  & (F.col("j_origin") == F.col("o_broker")), "left"))
+    useful = F.coalesce(F.col("i_useful"), F.lit(False))
+    received = F.col("adv_add") & _is("advisory.received")
+    spilled = received & ~useful
+    at_store = _store(F.col("broker"), F.col("role"))
+    from_store = _store(F.col("j_origin"), F.col("origin_role"))
+    ok = ~F.col("bad")
+    counts = {
+        "lines": F.lit(1),
+        "bad_lines": F.col("bad"),
+        "finished": ok & _is("run.finished"),
+        "advisory_frames": F.col("adv_add") & _is("advisory.sent"),
+        "advisory_receipts": received,
+        "spilled_advisories": spilled,
+        "sibling_spill": spilled & at_store & from_store,
+        "downward_spill": spilled & at_store & ~from_store,
+        "demand_created": F.col("created"),
+        "wasted_demand": F.col("created") & ~useful,
+        "deliveries": ok & _is("message.delivered"),
+        "stranded": ok & _is("message.stranded"),
+    }
+    topic = F.col("dst").startswith("topic://") | F.col("dst").startswith("temp-topic://")
+    subscriber = F.concat_ws("/", "broker", F.substring_index("consumer", "/", -1))
+    copy = F.when(topic, F.concat_ws("\x00", "msg", "dst", subscriber)) \
+            .otherwise(F.concat_ws("\x00", "msg", "dst"))
+    qualified = F.when(F.col("consumer").startswith(F.concat(F.col("broker"), F.lit("/"))),
+                       F.col("consumer")).otherwise(F.concat_ws("/", "broker", "consumer"))
+    # which of the P counts a line adds to, as bits (one key column and one count
+    # instead of a sum per count: the bits of a broker's lines take a few values)
+    code = sum((F.coalesce(c.cast("int"), F.lit(0)) * (1 << k)
+                for k, c in enumerate(counts.values())
+                if k > 0), F.lit(0))
+    p = _fact("P", F.when(ok & ~F.col("event").startswith("run."), F.col("broker")),
+              code=code)
+    in_tree = F.col("run").isin(*tree_runs) if tree_runs else F.lit(False)
+    tagged = (F.when(F.col("bad"), F.array(p))
+              .when(F.col("created"), F.array(
+                  p, _fact("T", F.col("broker"), ts=F.col("ts")),
+                  _fact("C", a=F.col("consumer"), ts=F.col("ts"))))
+              .when(_is("demand.removed"),
+                    F.array(p, _fact("T", F.col("broker"), ts=F.col("ts"), net=-1)))
+              .when(_is("advisory.sent"), F.array(p, _fact("S", ts=F.col("ts"))))
+              .when(_is("message.delivered"),
+                    F.array(p, _fact("M", F.col("broker"), copy, F.col("msg"))))
+              .when(_is("message.forwarded") & in_tree,
+                    F.array(p, _fact("F", F.col("broker"), F.col("peer"), F.col("msg"))))
+              .when(_is("consumer.added"), F.array(p, _fact("A", a=qualified, ts=F.col("ts"))))
+              .when(_is("link.down", "link.up"),
+                    F.array(p, _fact("L", a=F.col("event"), ts=F.col("ts"))))
+              .otherwise(F.array(p)))
+    exploded = rows.select(F.col("run"), F.inline(tagged))
+    return exploded.groupBy("tag", "run", "broker", "a", "b", "ts", "code").agg(
+        F.sum("net").alias("n"))
+
+
+# ----------------------------------------------------------------------------- driver side
+
+def spark_percentile(values: list[float], quantile: float) -> float | None:
+    """What Spark's ``percentile_approx(x, quantile)`` (accuracy 10,000) returns for these
+    values aggregated in one partial aggregate: the Greenwald-Khanna summary built from the
+    sorted values in batches of 50,000, compressed, then queried.  Exact rank pick
+    (``ceil(q n)``) below 5,000 values."""
+    if not values:
+        return None
+    eps = _RELATIVE_ERROR
+    head = 50000
+    samples: list[list] = []     # [value, g, delta]
+    count = 0
+    ordered = sorted(values)
+    for start in range(0, len(ordered), head):
+        batch = ordered[start:start + head]
+        merged: list[list] = []
+        si = 0
+        for oi, v in enumerate(batch):
+            while si < len(samples) and samples[si][0] <= v:
+                merged.append(samples[si])
+                si += 1
+            count += 1
+            last = si == len(samples) and oi == len(batch) - 1
+            delta = 0 if (not merged or last) else math.floor(2 * eps * count)
+            merged.append([v, 1, delta])
+        merged.extend(samples[si:])
+        samples = merged
+        if start + head < len(ordered) and len(samples) >= 10000:
+            samples = _compress(samples, 2 * eps * count)
+    samples = _compress(samples, 2 * eps * count)
+    if quantile <= eps:
+        return samples[0][0]
+    if quantile >= 1 - eps:
+        return samples[-1][0]
+    rank = math.ceil(quantile * count)
+    target = max(s[1] + s[2] for s in samples) // 2
+    min_rank = 0
+    for value, g, delta in samples[:-1]:
+        min_rank += g
+        if min_rank + delta - target <= rank <= min_rank + target:
+            return value
+    return samples[-1][0]
+
+
+def _compress(samples: list[list], threshold: float) -> list[list]:
+    """The GK COMPRESS step as Spark does it: from the end, fold a sample into the one
+    after it while their g's and the latter's delta stay under the threshold; the first
+    and last samples are kept."""
+    if not samples:
+        return samples
+    out: list[list] = []
+    head = list(samples[-1])
+    for s in reversed(samples[1:-1]):
+        if s[1] + head[1] + head[2] < threshold:
+            head[1] += s[1]
+        else:
+            out.append(head)
+            head = list(s)
+    out.append(head)
+    out.reverse()
+    if len(samples) > 1 and samples[0][0] <= out[0][0]:
+        out.insert(0, samples[0])
+    return out
+
+
+_TIER = re.compile(r"^([A-Za-z]+)-")
+
+
+def site_tier(broker: str | None) -> str:
+    """job.site_tier for one broker id."""
+    if broker is None:
+        return "other"
+    if broker.startswith("hq"):
+        return "hq"
+    found = _TIER.match(broker)
+    return found.group(1) if found else "other"
+
+
+def _window_max(times: list[float], start: float, until: float | None) -> float | None:
+    """The largest of the sorted ``times`` in [start, until) (until None: no end)."""
+    hi = len(times) if until is None else bisect_left(times, until)
+    lo = bisect_left(times, start)
+    return times[hi - 1] if hi > lo else None
+
+
+@dataclass
+class PassTables:
+    """The job's outputs from compute_passes: collected rows and the brokers frame."""
+
+    runs: list[dict]            # RUN_COLUMNS, in the runs table's order
+    runs_schema: T.StructType
+    per_role: list[dict]        # ROLE_COLUMNS, in order
+    brokers: DataFrame          # BROKER_COLUMNS (built from driver rows)
+    cached: tuple[DataFrame, ...]
+
+    def release(self) -> None:
+        for frame in self.cached:
+            frame.unpersist()
+
+
+def _interest(rows: list) -> dict[str, set[tuple[str, str]]]:
+    """job.interest on the driver: direct (broker, dst) pairs plus, per wildcard
+    destination, the brokers sending to a destination it matches (the same regex)."""
+    direct: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    patterns: dict[str, dict[str, str]] = defaultdict(dict)
+    for row in rows:
+        if row["kind"] == "send":
+            direct[row["run"]].add((row["broker"], row["dst"]))
+        if row["pattern_re"] is not None:
+            patterns[row["run"]][row["dst"]] = row["pattern_re"]
+    covered: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for run, found in patterns.items():
+        for pattern, regex in found.items():
+            compiled = re.compile(regex)
+            for broker, dst in direct.get(run, ()):
+                if compiled.search(dst):
+                    covered[run].add((broker, pattern))
+    return {run: pairs - direct.get(run, set()) for run, pairs in covered.items()}
+
+
+def compute_passes(spark: SparkSession, paths: list[str], *,
+                   json_only: frozenset[str] = frozenset()) -> PassTables:
+    """The runs, per-role and brokers tables of job.compute, in two scans."""
+    parsed = job.read_events(spark, paths, json_only=json_only).select(*job.USED_COLUMNS)
+    cached: list[DataFrame] = []
+    if any(p in json_only or job.parquet_parts(p) is None for p in paths):
+        # JSON lines: decoded once for both passes, one corrupt-line verdict (job.compute)
+        parsed = parsed.persist(job.cache_level(paths))
+        cached.append(parsed)
+    events = job.valid_events(parsed)
+
+    dims = dimensions(events).persist(StorageLevel.MEMORY_AND_DISK)
+    cached.append(dims)
+    dim_rows = [r.asDict() for r in dims.collect()]
+    info = {r["run"]: r for r in dim_rows if r["kind"] == "start"}
+    roles = {(r["run"], r["broker"]): r for r in dim_rows if r["kind"] == "info"}
+    tree_runs = sorted(run for run, r in info.items()
+                       if r["mode"] is not None and r["mode"].lower().startswith("tree"))
+    covered = _interest(dim_rows)
+    interest = dims.where(F.col("kind") == "send").select("run", "broker", "dst")
+    extra = [(run, b, d) for run, pairs in covered.items() for b, d in sorted(pairs)]
+    if extra:
+        interest = interest.unionByName(
+            spark.createDataFrame(extra, "run string, broker string, dst string"))
+    role_frame = dims.where(F.col("kind") == "info").select("run", "broker", "role")
+
+    table = facts(parsed, interest, role_frame, tree_runs).toArrow()
+    summaries = [r.asDict() for r in job.read_summaries(spark, paths).collect()]
+    return _assemble(spark, table, info, roles, summaries, cached)
+
+
+def _assemble(spark: SparkSession, table, info: dict, roles: dict, summaries: list[dict],
+              cached: list[DataFrame]) -> PassTables:
+    cols = {name: table.column(name).to_pylist() for name in table.column_names}
+    lines: dict[str, list[int]] = {}
+    brokers: dict[tuple[str, str], dict] = {}
+    held: dict[tuple[str, str], dict[float, int]] = defaultdict(lambda: defaultdict(int))
+    demand_ts: dict[str, set[float]] = defaultdict(set)
+    demanded: dict[tuple[str, str], set[float]] = defaultdict(set)
+    sent: dict[str, dict[float, int]] = defaultdict(lambda: defaultdict(int))
+    copies: dict[str, set[str]] = defaultdict(set)
+    delivered_at: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    forwards: dict[str, list[tuple]] = defaultdict(list)
+    adds: dict[tuple[str, str], list[float]] = defaultdict(list)
+    links: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    names = ("bad_lines", "finished") + _COUNTS     # the code's bits, from 1 up
+    for tag, run, broker, a, b, ts, code, n in zip(
+            cols["tag"], cols["run"], cols["broker"], cols["a"], cols["b"], cols["ts"],
+            cols["code"], cols["n"]):
+        if tag == "P":
+            total = lines.setdefault(run, [0, 0, 0])
+            total[0] += n
+            total[1] += n if code & 2 else 0
+            total[2] += n if code & 4 else 0
+            if broker is not None:
+                m = brokers.get((run, broker))
+                if m is None:
+                    m = brokers[(run, broker)] = dict.fromkeys(_COUNTS, 0)
+                for k, name in enumerate(names[2:], start=3):
+                    if code & (1 << k):
+                        m[name] += n
+        elif tag == "T":
+            held[(run, broker)][ts] += n
+            if ts is not None:
+                demand_ts[run].add(ts)
+        elif tag == "C":
+            if a is not None and ts is not None:
+                demanded[(run, a)].add(ts)
+        elif tag == "S":
+            if ts is not None:
+                sent[run][ts] += n
+        elif tag == "M":
+            copies[run].add(a)
+            if b is not None:
+                delivered_at[run].add((broker, b))
+        elif tag == "F":
+            forwards[run].append((broker, a, b, n))
+        elif tag == "A":
+            adds[(run, a)].extend([ts] * n)
+        elif tag == "L":
+            if ts is not None:
+                links[run].append((a, ts))
+
+    # per broker: max_demand = peak of the running sum of net changes in ts order
+    for key, changes in held.items():
+        running, peak = 0, None
+        for ts in sorted(changes, key=lambda t: (t is not None, t or 0.0)):
+            running += changes[ts]
+            peak = running if peak is None else max(peak, running)
+        if key in brokers:
+            brokers[key]["max_demand"] = max(peak, 0)
+    for metrics in brokers.values():
+        metrics.setdefault("max_demand", 0)
+
+    faults: dict[str, list[float]] = {}
+    for run, rows in links.items():
+        downs = [ts for event, ts in rows if event == "link.down"]
+        if downs:
+            first = min(downs)
+            faults[run] = sorted({ts for event, ts in rows
+                                  if event == "link.down" or ts > first})
+
+    per_run: dict[str, dict] = defaultdict(dict)
+    # brokers rollup
+    for (run, _), m in brokers.items():
+        roll = per_run[run]
+        roll["brokers_logged"] = roll.get("brokers_logged", 0) + 1
+        for c in ("advisory_frames", "advisory_receipts", "spilled_advisories",
+                  "demand_created", "wasted_demand", "sibling_spill", "downward_spill"):
+            roll[c] = roll.get(c, 0) + m[c]
+        roll["max_demand_per_broker"] = max(roll.get("max_demand_per_broker", 0),
+                                            m["max_demand"])
+        if m["deliveries"] or m["stranded"]:   # a run job.delivery_metrics has a row for
+            roll["deliveries"] = roll.get("deliveries", 0) + m["deliveries"]
+    # deliveries, stranded (job.delivery_metrics, stranded_where)
+    for run, roll in per_run.items():
+        if "deliveries" in roll:
+            roll["delivered_log"] = len(copies.get(run, ()))
+            roll["duplicates"] = roll["deliveries"] - roll["delivered_log"]
+    stranded_by_run: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for (run, broker), m in brokers.items():
+        if m["stranded"]:
+            stranded_by_run[run].append((broker, m["stranded"]))
+    for run, held_at in stranded_by_run.items():
+        ordered = sorted(held_at, key=lambda x: (-x[1], x[0]))
+        shown = ", ".join(f"{b}: {n}" for b, n in ordered[:job.STRANDED_BROKERS_SHOWN])
+        more = len(ordered) - job.STRANDED_BROKERS_SHOWN
+        per_run[run]["stranded_at"] = (shown + f", +{more} more brokers") if more > 0 \
+            else shown
+        per_run[run]["stranded_log"] = sum(n for _, n in held_at)
+    # convergence: each consumer's first add to its last demand created before its next
+    # add or the next fault event
+    firsts: dict[str, list[float]] = defaultdict(list)
+    consumers: dict[str, int] = defaultdict(int)
+    for (run, consumer), times in adds.items():
+        times.sort(key=lambda t: (t is not None, t or 0.0))
+        consumers[run] += 1
+        start = times[0]
+        if start is None:      # no time: no window (Spark: null seconds)
+            continue
+        until = times[1] if len(times) > 1 else None
+        run_faults = faults.get(run, ())
+        k = bisect_left(run_faults, start)
+        while k < len(run_faults) and run_faults[k] <= start:
+            k += 1
+        cut = run_faults[k] if k < len(run_faults) else None
+        if cut is not None:
+            until = cut if until is None else min(until, cut)
+        last = _window_max(sorted(demanded.get((run, consumer), ())), start, until)
+        if last is not None:
+            firsts[run].append(last - start)
+    for run, n in consumers.items():
+        per_run[run]["consumers"] = n
+        values = firsts.get(run, [])
+        per_run[run]["c50"] = spark_percentile(values, 0.5)
+        per_run[run]["c99"] = spark_percentile(values, 0.99)
+    # recovery and recovery frames per fault event
+    for run, times in faults.items():
+        changes = sorted(demand_ts.get(run, ()))
+        sent_at = sorted(sent.get(run, {}).items())
+        sent_times = [t for t, _ in sent_at]
+        rec, frames = [], []
+        for k, start in enumerate(times):
+            until = times[k + 1] if k + 1 < len(times) else None
+            last = _window_max(changes, start, until)
+            rec.append((start, None if last is None else last - start))
+            lo = bisect_left(sent_times, start)
+            hi = len(sent_times) if until is None else bisect_left(sent_times, until)
+            frames.append((start, sum(n for _, n in sent_at[lo:hi])))
+        per_run[run]["rec_list"] = rec
+        per_run[run]["frames_list"] = frames
+        per_run[run]["recovery_frames"] = sum(n for _, n in frames)
+    # variants: root demand, extra hops in tree-mode runs
+    parent = {key: r["parent"] for key, r in roles.items()}
+    for (run, broker), r in roles.items():
+        if r["parent"] is None and (run, broker) in brokers:
+            m = brokers[(run, broker)]["max_demand"]
+            per_run[run]["root_demand"] = max(per_run[run].get("root_demand", m), m)
+    for run, r in info.items():
+        if r["mode"] is None or not r["mode"].lower().startswith("tree"):
+            continue
+        under: set[tuple[str, str]] = set()
+        for broker, msg in delivered_at.get(run, ()):
+            seen, node = set(), broker
+            if (run, broker) not in parent:
+                continue
+            while node is not None and node not in seen:
+                seen.add(node)
+                under.add((msg, node))
+                node = parent.get((run, node))
+        per_run[run]["extra_hops"] = sum(
+            n for broker, peer, msg, n in forwards.get(run, ())
+            if peer is not None and parent.get((run, peer)) == broker
+            and (msg is None or (msg, peer) not in under))
+
+    runs, runs_schema = _runs_rows(spark, lines, summaries, info, per_run)
+    role_rows = _role_rows(brokers, roles, info)
+    broker_frame = spark.createDataFrame(
+        [(run, broker, *(m[c] for c in BROKER_COLUMNS[2:]))
+         for (run, broker), m in brokers.items()], BROKER_SCHEMA)
+    return PassTables(runs=runs, runs_schema=runs_schema, per_role=role_rows,
+                      brokers=broker_frame, cached=tuple(cached))
+
+
+_REC = T.ArrayType(T.StructType([T.StructField("fault_ts", T.DoubleType()),
+                                 T.StructField("d", T.DoubleType())]))
+_FRAMES = T.ArrayType(T.StructType([T.StructField("fault_ts", T.DoubleType()),
+                                    T.StructField("frames", T.LongType())]))
+
+#: The per-run frame handed to job.finish_runs: name -> type.
+_RUN_INPUT = (
+    [("run", T.StringType()), ("scenario", T.StringType()), ("mode", T.StringType()),
+     ("engine", T.StringType()), ("brokers", T.LongType()), ("links", T.LongType()),
+     ("regions", T.LongType()), ("stores_per_region", T.LongType()),
+     ("depth", T.LongType()), ("network_ttl", T.LongType())]
+    + [("s_" + f.name, f.dataType) for f in job._SUMMARY_SCHEMA.fields]
+    + [(c, T.LongType()) for c in (
+        "lines", "bad_lines", "finished", "brokers_logged", "advisory_frames",
+        "advisory_receipts", "spilled_advisories", "demand_created", "wasted_demand",
+        "sibling_spill", "downward_spill", "max_demand_per_broker", "delivered_log",
+        "deliveries", "duplicates", "stranded_log", "consumers")]
+    + [("c50", T.DoubleType()), ("c99", T.DoubleType()), ("stranded_at", T.StringType()),
+       ("rec_list", _REC), ("frames_list", _FRAMES), ("root_demand", T.LongType()),
+       ("extra_hops", T.LongType()), ("recovery_frames", T.LongType())])
+
+
+def _runs_rows(spark: SparkSession, lines: dict, summaries: list[dict], info: dict,
+               per_run: dict) -> tuple[list[dict], T.StructType]:
+    by_summary = {s["run"]: s for s in summaries}
+    everyone = sorted(set(lines) | set(by_summary))
+    tree = {run for run, r in info.items()
+            if r["mode"] is not None and r["mode"].lower().startswith("tree")}
+    rows = []
+    for run in everyone:
+        i = info.get(run, {})
+        s = by_summary.get(run, {})
+        m = per_run.get(run, {})
+        counted = lines.get(run)
+        values = {"run": run, **{c: i.get(c) for c in (
+            "scenario", "mode", "engine", "brokers", "links", "regions",
+            "stores_per_region", "depth", "network_ttl")}}
+        values.update({"s_" + f.name: s.get(f.name) for f in job._SUMMARY_SCHEMA.fields})
+        if counted is not None:
+            values.update(lines=counted[0], bad_lines=counted[1], finished=counted[2])
+        values.update(m)
+        if run in tree and "extra_hops" not in m:
+            values["extra_hops"] = 0
+        if run not in info:   # variants are computed for the runs with run.started only
+            for c in ("root_demand", "extra_hops", "recovery_frames", "frames_list"):
+                values[c] = None
+        rows.append(tuple(values.get(name) for name, _ in _RUN_INPUT))
+    schema = T.StructType([T.StructField(n, t) for n, t in _RUN_INPUT])
+    frame = spark.createDataFrame(rows, schema)
+    rec = F.transform("rec_list", lambda x: F.struct(
+        x["fault_ts"].alias("fault_ts"),
+        F.coalesce(F.round(x["d"], 6), F.lit(0.0)).alias("s")))
+    frame = (frame
+             .withColumn("convergence_median_s", F.round("c50", 6))
+             .withColumn("convergence_p99_s", F.round("c99", 6))
+             .withColumn("fault_events", F.size("rec_list"))
+             .withColumn("fault_events", F.when(F.col("rec_list").isNotNull(),
+                                                F.col("fault_events").cast("long")))
+             .withColumn("recovery_max_s", F.array_max(F.transform(rec, lambda x: x["s"])))
+             .withColumn("recovery", F.when(F.col("rec_list").isNotNull(),
+                                            job.recovery_text(rec)))
+             .withColumn("recovery_frames_by_event", F.when(
+                 F.col("frames_list").isNotNull(),
+                 _frames_text(F.col("frames_list")))))
+    from treefed.analysis.variants import VARIANT_COLUMNS
+
+    out = (job.finish_runs(frame, extra=VARIANT_COLUMNS).select(*job.RUN_COLUMNS)
+           .orderBy("scenario", "brokers", F.col("ttl").isNotNull(), "ttl", "mode", "run"))
+    return [r.asDict() for r in out.collect()], out.schema
+
+
+def _frames_text(listed: Column) -> Column:
+    from treefed.analysis.variants import frames_text
+
+    return frames_text(listed)
+
+
+def _role_rows(brokers: dict, roles: dict, info: dict) -> list[dict]:
+    groups: dict[tuple[str, str, str], dict] = {}
+    summed = ("advisory_frames", "advisory_receipts", "spilled_advisories",
+              "demand_created", "wasted_demand", "deliveries", "stranded", "sibling_spill",
+              "downward_spill")
+    for (run, broker), m in brokers.items():
+        role = roles.get((run, broker), {}).get("role") or "unknown"
+        key = (run, role, site_tier(broker))
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = {"brokers": 0, **{c: 0 for c in summed},
+                               "max_demand_per_broker": m["max_demand"]}
+        g["brokers"] += 1
+        for c in summed:
+            g[c] += m[c]
+        g["max_demand_per_broker"] = max(g["max_demand_per_broker"], m["max_demand"])
+    rows = []
+    for (run, role, tier), g in groups.items():
+        i = info.get(run, {})
+        rows.append({"run": run, "scenario": i.get("scenario"), "mode": i.get("mode"),
+                     "ttl": i.get("ttl"), "stores_per_region": i.get("stores_per_region"),
+                     "role": role, "tier": tier, **g})
+    rows.sort(key=lambda r: (r["run"], r["tier"], r["role"]))
+    return [{c: r[c] for c in job.ROLE_COLUMNS} for r in rows]
