@@ -126,6 +126,7 @@ from treefed.federation.sharing import Sharing
 from treefed.federation.site import Site
 from treefed.log import get_logger
 from treefed.persistence import MemoryStore
+from treefed.node.acksync import AckSyncer
 from treefed.node.login import LoginGate
 from treefed.security.guard import Guard
 from treefed.transport.backoff import backoff_for
@@ -409,6 +410,9 @@ class BrokerNode:
         #                             sends are refused at the door until store.room()
         self._space_wanted = trio.Event()   # set with store_full: wakes _watch_space
         self._unsaved: tuple[list, list] = ([], [])  # deletes/consumed a full store refused
+        # ack-only commits are fsynced within ACK_SYNC_S, off the receipt path (#14)
+        self._ack_syncer = (AckSyncer(self.store, self.log)
+                            if getattr(self.store, "deferred_sync", False) else None)
         self.commit_seconds = 1.0   # moving average of commit durations (starts "slow")
         self.inline_commits = 0     # commits run on the site task (stat, tests)
         self.started = time.time()  # monitoring: uptime
@@ -494,6 +498,8 @@ class BrokerNode:
             if b.heartbeat_interval > 0:
                 nursery.start_soon(self._heartbeats, b.heartbeat_interval)
             nursery.start_soon(self._watch_space)
+            if self._ack_syncer is not None:
+                nursery.start_soon(self._ack_syncer.run)
             task_status.started(list(self.addresses))
             await self._stopped.wait()
             nursery.cancel_scope.cancel()
@@ -1326,6 +1332,8 @@ class BrokerNode:
             self._timed_apply(args)
         else:
             await _in_thread(self._timed_apply, args)
+        if not stores and self._ack_syncer is not None:
+            self._ack_syncer.poke()   # written, not fsynced: synced within ACK_SYNC_S
 
     def _timed_apply(self, args: tuple) -> None:
         """``store.apply(*args)``, its duration folded into ``commit_seconds``."""
