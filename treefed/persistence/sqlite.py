@@ -515,7 +515,6 @@ class SqliteStore(MessageStore):
                     deletes: Sequence[tuple[str, str]],
                     redelivered: Sequence[tuple[str, str, int]],
                     consumed: Sequence[str]) -> None:
-        prune = False
         lazy = not stores and self.deferred_sync   # an ack-only commit: no fsync
         changes = db.total_changes
         if self.deferred_sync:
@@ -527,19 +526,17 @@ class SqliteStore(MessageStore):
                     raise _store_error(exc, self.path, "apply") from exc
                 self._sync_mode = mode
         try:
-            db.execute("BEGIN")
-            if stores:
-                db.executemany(_INSERT, [(m.id, m.dst, m.redelivered, _encode(m)) for m in stores])
-            if redelivered:
-                db.executemany(_UPDATE, [(count, i, d) for i, d, count in redelivered])
-            if deletes:
-                db.executemany(_DELETE, deletes)
-            if consumed:
-                db.executemany(_REMEMBER, [(i,) for i in consumed])
-                prune = self._since_prune + len(consumed) >= self._prune_every
-                if prune:
-                    db.execute(_PRUNE, (self.dedup_window,))
-            db.execute("COMMIT")
+            if len(stores) + len(deletes) == 1 and not redelivered and not consumed:
+                # one row (a lone send, a lone forward ack): one statement in autocommit
+                # mode is its own transaction — the same commit and fsync without
+                # BEGIN / executemany / COMMIT round trips (issue #14)
+                if stores:
+                    m = stores[0]
+                    db.execute(_INSERT, (m.id, m.dst, m.redelivered, _encode(m)))
+                else:
+                    db.execute(_DELETE, deletes[0])
+            else:
+                self._apply_many(db, stores, deletes, redelivered, consumed)
         except (sqlite3.Error, cbor2.CBOREncodeError, OverflowError, ValueError,
                 TypeError) as exc:
             # SQLite may already have rolled back (e.g. on SQLITE_FULL); finish the job so
@@ -556,8 +553,35 @@ class SqliteStore(MessageStore):
                     code="store_encode",
                 ) from exc
             raise _store_error(exc, self.path, "apply") from exc
+        self._committed(db, stores, deletes, redelivered, consumed, lazy, changes)
+
+    def _apply_many(self, db: sqlite3.Connection, stores: Sequence[Message],
+                    deletes: Sequence[tuple[str, str]],
+                    redelivered: Sequence[tuple[str, str, int]],
+                    consumed: Sequence[str]) -> None:
+        """One explicit transaction for a batch of several rows (may raise)."""
+        prune = False
+        db.execute("BEGIN")
+        if stores:
+            db.executemany(_INSERT, [(m.id, m.dst, m.redelivered, _encode(m)) for m in stores])
+        if redelivered:
+            db.executemany(_UPDATE, [(count, i, d) for i, d, count in redelivered])
+        if deletes:
+            db.executemany(_DELETE, deletes)
+        if consumed:
+            db.executemany(_REMEMBER, [(i,) for i in consumed])
+            prune = self._since_prune + len(consumed) >= self._prune_every
+            if prune:
+                db.execute(_PRUNE, (self.dedup_window,))
+        db.execute("COMMIT")
         if consumed:
             self._since_prune = 0 if prune else self._since_prune + len(consumed)
+
+    def _committed(self, db: sqlite3.Connection, stores: Sequence[Message],
+                   deletes: Sequence[tuple[str, str]],
+                   redelivered: Sequence[tuple[str, str, int]], consumed: Sequence[str],
+                   lazy: bool, changes: int) -> None:
+        """Book-keeping after a successful commit: deferred syncs, checkpoint estimate."""
         if self.deferred_sync and db.total_changes != changes:   # it wrote WAL frames
             if lazy:
                 self._lazy_commits += 1
