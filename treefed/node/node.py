@@ -27,6 +27,19 @@ after a restart is still a duplicate.  While a commit runs, new input piles up i
 inbox and becomes the next, larger batch.  Timers (expiry) run in the same task at
 ``site.next_deadline()``.
 
+Inline batches (issue #14).  When the site task waits on an empty inbox, the batch lock
+is free and no batch ended within ``INLINE_GAP_S``, a reader handles its chunk itself as
+a one-chunk batch under the batch lock (``_inline_batch``): a lone synchronous send costs
+no task hand-off — the reader decodes, the Site handles, the store commits and the receipt
+is written, in one task step.  The lock keeps batches serial, so "one owner at a time" and
+per-connection order hold (the site task waits on the inbox only after handling all it
+took).  Chunks that arrive together (several readers woken by one poll) fall within the
+gap and go to the site task, which groups them into one commit — and from then on, for
+``CROWDED_S`` (renewed while chunks keep arriving together or finding the site task busy),
+every chunk goes to the site task, so concurrent senders keep the group commit they had.
+The inline batch brings the site task's timer wait forward when it made an earlier
+deadline.
+
 Invariants:
 
 * The site task never blocks on a peer: queueing an Out is a list append.  A connection
@@ -180,6 +193,15 @@ LOST_LINKS = 10_000
 #: One slow commit (a disk stall) sends the next ones back to the thread.
 INLINE_COMMIT_S = 0.0003
 INLINE_MAX_ROWS = 64
+#: A reader runs its chunk as a batch itself only when no batch ended within this many
+#: seconds: chunks that arrive together (several readers woken by one poll) go to the
+#: site task and share one commit (group commit), while a lone sender's next message,
+#: a round trip after its receipt, costs no task hand-off (issue #14).
+INLINE_GAP_S = 0.00004
+#: Once chunks were seen arriving together (within ``INLINE_GAP_S`` of a batch's end, or
+#: while the site task was busy), every chunk goes to the site task for this many seconds
+#: (renewed while it goes on): concurrent senders keep their group commit.
+CROWDED_S = 0.01
 
 _EOF = object()          # inbox marker: the peer closed or the socket broke
 _PENDING, _CLIENT, _LINK = "pending", "client", "link"
@@ -404,6 +426,9 @@ class BrokerNode:
         self._stopping = False
         self._stopped = trio.Event()
         self._batch_lock = trio.Lock()  # held while a batch is handled and committed
+        self._batch_end = 0.0       # perf_counter() when the last batch ended
+        self._crowded = 0.0         # perf_counter() until which chunks go to the site task
+        self._site_wait: trio.CancelScope | None = None  # the site task's idle wait
         self.batches = 0            # site-task batches handled (stat, tests)
         self.commits = 0            # store transactions
         self.store_full = False     # the last commit found the store full: persistent
@@ -602,6 +627,19 @@ class BrokerNode:
                 frames = await framed.receive_frames()
                 c.last_rx = trio.current_time()
                 self._inbox_bytes += _body_bytes(frames)
+                if inbox.statistics().tasks_waiting_receive:
+                    # the site task waits on an empty inbox: this chunk may be alone (#14)
+                    now = time.perf_counter()
+                    if now - self._batch_end <= INLINE_GAP_S:
+                        self._crowded = now + CROWDED_S   # chunks arrive together
+                    elif now > self._crowded and not self._batch_lock.locked():
+                        await self._inline_batch(c, frames)   # no task hand-off at all
+                        continue
+                    # no extra pass; the site task no longer waits, so this reader's
+                    # next chunk goes below
+                    inbox.send_nowait((c, frames))
+                    continue
+                self._crowded = time.perf_counter() + CROWDED_S   # the site task is busy
                 # a checkpoint per chunk: the site task's batch stays one chunk's worth
                 # per reader, so a pipelining client's answers cannot outgrow the
                 # connection's high water within one batch (send_nowait here overflowed
@@ -620,6 +658,27 @@ class BrokerNode:
                 pass
         except _SOCKET_ERRORS:
             pass
+
+    async def _inline_batch(self, c: _Conn, frames: list) -> None:
+        """A reader handles its own chunk as a batch (see "Inline batches" above): the
+        site task waits on an empty inbox, the batch lock is free, no batch ended within
+        ``INLINE_GAP_S``.  The lock serialises it with the site task's batches."""
+        self._batch_lock.acquire_nowait()
+        try:
+            await self._handle_batch([(c, frames)], None)
+        except Exception as exc:   # as in _site_loop: log it, keep serving (#12)
+            self.log.error("site.batch_failed", error=repr(exc), exc_info=exc,
+                           conns=[c.id])
+        finally:
+            self._batch_lock.release()
+            self._batch_end = time.perf_counter()
+        waiting = self._site_wait
+        if waiting is not None:   # timers: the site task sleeps until the old deadline
+            due = self._next_deadline()
+            if due is not None:
+                at = trio.current_time() + max(due - time.time(), 0.0)
+                if at < waiting.deadline:
+                    waiting.deadline = at
 
     async def _inject(self, c: _Conn, frames: list) -> None:
         """Frames a connection's protocol adapter adds as if the peer had sent them."""
@@ -766,19 +825,18 @@ class BrokerNode:
     async def _site_loop(self) -> None:
         """The one task that owns the Site: wait for input (or the next timer), take
         everything else already queued, handle it as one batch."""
-        inbox, site = self._inbox, self.site
+        inbox = self._inbox
         while True:
-            deadline = site.next_deadline()
-            drops_due = self._drops.next_deadline()
-            if drops_due is not None and (deadline is None or drops_due < deadline):
-                deadline = drops_due   # a drop summary to write
+            deadline = self._next_deadline()
             batch: list = []
-            if deadline is None:
+            # a reader's inline batch may bring the deadline forward (``_inline_batch``)
+            with trio.CancelScope() as waiting:
+                if deadline is not None:
+                    waiting.deadline = trio.current_time() + max(deadline - time.time(),
+                                                                 0.0)
+                self._site_wait = waiting
                 batch.append(await inbox.receive())
-            else:
-                wait = deadline - time.time()
-                with trio.move_on_after(max(wait, 0.0)):
-                    batch.append(await inbox.receive())
+            self._site_wait = None
             try:
                 while len(batch) < MAX_BATCH:
                     batch.append(inbox.receive_nowait())
@@ -797,6 +855,16 @@ class BrokerNode:
                                conns=sorted({c.id for c, _ in batch}))
             finally:
                 self._batch_lock.release()
+                self._batch_end = time.perf_counter()
+
+    def _next_deadline(self) -> float | None:
+        """When the site task must wake without input: the Site's timers, or a drop
+        summary to write (epoch seconds; None: never)."""
+        deadline = self.site.next_deadline()
+        drops_due = self._drops.next_deadline()
+        if drops_due is not None and (deadline is None or drops_due < deadline):
+            deadline = drops_due   # a drop summary to write
+        return deadline
 
     async def _handle_batch(self, batch: list, deadline: float | None) -> None:
         """Feed one batch to the Site, then perform all it asked for (one commit)."""
