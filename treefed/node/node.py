@@ -28,7 +28,8 @@ inbox and becomes the next, larger batch.  Timers (expiry) run in the same task 
 ``site.next_deadline()``.
 
 Inline batches (issue #14).  When the site task waits on an empty inbox, the batch lock
-is free and no batch ended within ``INLINE_GAP_S``, a reader handles its chunk itself as
+is free, no batch ended within ``INLINE_GAP_S`` and the chunk is small
+(``INLINE_MAX_FRAMES``: not a pipelining client's flood), a reader handles its chunk itself as
 a one-chunk batch under the batch lock (``_inline_batch``): a lone synchronous send costs
 no task hand-off — the reader decodes, the Site handles, the store commits and the receipt
 is written, in one task step.  The lock keeps batches serial, so "one owner at a time" and
@@ -198,6 +199,9 @@ INLINE_MAX_ROWS = 64
 #: site task and share one commit (group commit), while a lone sender's next message,
 #: a round trip after its receipt, costs no task hand-off (issue #14).
 INLINE_GAP_S = 0.00004
+#: A chunk of more frames than this (a pipelining client) goes to the site task, which
+#: groups it with what the other readers bring (one commit, acks included).
+INLINE_MAX_FRAMES = 8
 #: Once chunks were seen arriving together (within ``INLINE_GAP_S`` of a batch's end, or
 #: while the site task was busy), every chunk goes to the site task for this many seconds
 #: (renewed while it goes on): concurrent senders keep their group commit.
@@ -632,6 +636,8 @@ class BrokerNode:
                     now = time.perf_counter()
                     if now - self._batch_end <= INLINE_GAP_S:
                         self._crowded = now + CROWDED_S   # chunks arrive together
+                    elif len(frames) > INLINE_MAX_FRAMES:
+                        self._crowded = now + CROWDED_S   # a pipelining client's flood
                     elif now > self._crowded and not self._batch_lock.locked():
                         await self._inline_batch(c, frames)   # no task hand-off at all
                         continue
