@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test install bench clean browser
+.PHONY: run test install bench clean browser strace
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,17 @@ browser:
 	    || echo "chromium not installed (apt-get failed): the page-rendering test will skip"; \
 	  else echo "chromium not installed (needs root and apt-get): the page-rendering test will skip"; fi; }
 
-test: $(STAMP) browser
+# strace (a Debian package) counts the fsyncs SQLite makes in
+# tests/persistence/test_ack_sync.py: installed here when missing and apt-get is usable
+# (root), otherwise that test skips and says why.
+strace:
+	@command -v strace >/dev/null 2>&1 || \
+	{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace; } \
+	    || echo "strace not installed (apt-get failed): the fsync-count tests will skip"; \
+	  else echo "strace not installed (needs root and apt-get): the fsync-count tests will skip"; fi; }
+
+test: $(STAMP) browser strace
 	$(BIN)/python -m pytest -q --durations=15; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 bench: $(STAMP)

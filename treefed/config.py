@@ -48,6 +48,7 @@ __all__ = [
     "read_toml",
     "BrokerSection",
     "LoggingSection",
+    "StoreSection",
     "PolicyConfig",
     "TreeConnectorConfig",
     "NetworkConnectorConfig",
@@ -115,6 +116,15 @@ class MonitorSection:
     #                                  (https: the [security.tls] certificate)
     basic_auth: bool = False         # HTTP basic auth against [[security.user]]; only
     #                                  users with admin on ">" pass (/healthz stays open)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSection:
+    """``[store]``: how the SQLite message store commits (persistence/sqlite.py)."""
+
+    ack_sync: str = "normal"         # "normal": a commit that only acks (deletes) is not
+    #                                  fsynced, durable at the next storing commit or
+    #                                  within 0.1 s; "full": fsynced like a send (issue #14)
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,6 +345,7 @@ class BrokerConfig:
     source_path: str | None = None   # the file it came from; None when parsed from a dict
     security: SecurityConfig = SecurityConfig()
     monitor: MonitorSection = MonitorSection()
+    store: StoreSection = StoreSection()
 
     def policy_set(self) -> Any:
         """The ``[[policy]]`` list as a ``core.policy.PolicySet`` (first match wins)."""
@@ -672,7 +683,11 @@ _TREE_SCOPE: dict[str, tuple[Checker, Any]] = {
 _SECURITY_TABLES = ("user", "permission", "tls", "tree")
 
 _SECTIONS = ("broker", "logging", "policy", "tree_connector", "network_connector",
-             "security", "monitor")
+             "security", "monitor", "store")
+
+_STORE: dict[str, tuple[Checker, Any]] = {
+    "ack_sync": (_choice("normal", "full"), "normal"),
+}
 
 
 def _monitor_listen(value: Any, key: str) -> str:
@@ -807,9 +822,10 @@ def _parse(data: dict, source: str) -> BrokerConfig:
     if monitor.basic_auth and not security.users:
         raise ConfigError("monitor.basic_auth", "no [[security.user]] is configured: "
                                                 "nobody could log in")
+    store = StoreSection(**_check_table(data.get("store", {}), _STORE, "store"))
     return BrokerConfig(broker, logging, policies, tree, tuple(mesh),
                         source_path=None if base is None else source, security=security,
-                        monitor=monitor)
+                        monitor=monitor, store=store)
 
 
 def _parse_security(data: Any, resolve: Callable[[str], str]) -> SecurityConfig:
@@ -912,4 +928,6 @@ def dump_config(config: BrokerConfig) -> str:
         parts.append(_toml_table("[security.tree]", sec.tree))
     if config.monitor != MonitorSection():
         parts.append(_toml_table("[monitor]", config.monitor))
+    if config.store != StoreSection():
+        parts.append(_toml_table("[store]", config.store))
     return "\n".join(parts)

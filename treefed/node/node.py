@@ -3,8 +3,7 @@
 Theory of operation
 -------------------
 Actor shape.  ONE site task owns the Site (and through it the core Broker); nothing else
-ever calls into them but a reader standing in for it (below), under the same batch lock.
-Every connection — client or broker link, accepted or dialed —
+ever calls into them.  Every connection — client or broker link, accepted or dialed —
 has a reader task and a writer task:
 
 * the reader takes every complete frame of each received chunk (``FramedStream``) and
@@ -28,13 +27,19 @@ after a restart is still a duplicate.  While a commit runs, new input piles up i
 inbox and becomes the next, larger batch.  Timers (expiry) run in the same task at
 ``site.next_deadline()``.
 
-A reader stands in for the site task (issue #14) when that task is parked on an empty
-inbox with nothing handed to it and the batch lock is free: it handles its chunk (at most
-``INLINE_FRAMES`` frames; a burst still goes through the inbox) as a one-chunk batch
-itself, holding the batch lock and shielded from its connection's cancellation, and moves
-the site task's wait earlier if the batch set an earlier timer.  A lone message then
-crosses the broker in one task step instead of three (reader wake-up, inbox hand-over,
-site task wake-up); batches still run one at a time, in arrival order per connection.
+Inline batches (issue #14).  When the site task waits on an empty inbox, the batch lock
+is free, no batch ended within ``INLINE_GAP_S`` and the chunk is small
+(``INLINE_MAX_FRAMES``: not a pipelining client's flood), a reader handles its chunk itself as
+a one-chunk batch under the batch lock (``_inline_batch``): a lone synchronous send costs
+no task hand-off — the reader decodes, the Site handles, the store commits and the receipt
+is written, in one task step.  The lock keeps batches serial, so "one owner at a time" and
+per-connection order hold (the site task waits on the inbox only after handling all it
+took).  Chunks that arrive together (several readers woken by one poll) fall within the
+gap and go to the site task, which groups them into one commit — and from then on, for
+``CROWDED_S`` (renewed while chunks keep arriving together or finding the site task busy),
+every chunk goes to the site task, so concurrent senders keep the group commit they had.
+The inline batch brings the site task's timer wait forward when it made an earlier
+deadline.
 
 Invariants:
 
@@ -114,7 +119,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
-import math
 import random
 import secrets
 import time
@@ -136,6 +140,7 @@ from treefed.federation.sharing import Sharing
 from treefed.federation.site import Site
 from treefed.log import get_logger
 from treefed.persistence import MemoryStore
+from treefed.node.acksync import AckSyncer
 from treefed.node.login import LoginGate
 from treefed.security.guard import Guard
 from treefed.transport.backoff import backoff_for
@@ -166,11 +171,6 @@ INBOX_SIZE = 256
 INBOX_BYTES = 16 * 1024 * 1024
 #: Most inbox items folded into one batch, so one huge burst cannot starve the timers.
 MAX_BATCH = 512
-#: Most frames a reader handles itself when the site task is idle (``_handle_inline``):
-#: a lone message and its ack skip two task steps; a bigger chunk (a burst) goes to
-#: the site task, which folds what several readers queued into one batch (one write
-#: per connection for all of it).
-INLINE_FRAMES = 8
 #: Seconds a closing connection may take to flush and to be closed by its peer.
 LINGER = 2.0
 #: Seconds per window of the refused-advisory digest (``federation/drops.py``).
@@ -194,6 +194,18 @@ LOST_LINKS = 10_000
 #: One slow commit (a disk stall) sends the next ones back to the thread.
 INLINE_COMMIT_S = 0.0003
 INLINE_MAX_ROWS = 64
+#: A reader runs its chunk as a batch itself only when no batch ended within this many
+#: seconds: chunks that arrive together (several readers woken by one poll) go to the
+#: site task and share one commit (group commit), while a lone sender's next message,
+#: a round trip after its receipt, costs no task hand-off (issue #14).
+INLINE_GAP_S = 0.00004
+#: A chunk of more frames than this (a pipelining client) goes to the site task, which
+#: groups it with what the other readers bring (one commit, acks included).
+INLINE_MAX_FRAMES = 8
+#: Once chunks were seen arriving together (within ``INLINE_GAP_S`` of a batch's end, or
+#: while the site task was busy), every chunk goes to the site task for this many seconds
+#: (renewed while it goes on): concurrent senders keep their group commit.
+CROWDED_S = 0.01
 
 _EOF = object()          # inbox marker: the peer closed or the socket broke
 _PENDING, _CLIENT, _LINK = "pending", "client", "link"
@@ -418,16 +430,18 @@ class BrokerNode:
         self._stopping = False
         self._stopped = trio.Event()
         self._batch_lock = trio.Lock()  # held while a batch is handled and committed
-        # the site task's wait for input and the epoch second it ends (a timer): a
-        # reader that handled a chunk itself moves it earlier (``_handle_inline``)
-        self._site_wait = trio.CancelScope()
-        self._site_due = math.inf
+        self._batch_end = 0.0       # perf_counter() when the last batch ended
+        self._crowded = 0.0         # perf_counter() until which chunks go to the site task
+        self._site_wait: trio.CancelScope | None = None  # the site task's idle wait
         self.batches = 0            # site-task batches handled (stat, tests)
         self.commits = 0            # store transactions
         self.store_full = False     # the last commit found the store full: persistent
         #                             sends are refused at the door until store.room()
         self._space_wanted = trio.Event()   # set with store_full: wakes _watch_space
         self._unsaved: tuple[list, list] = ([], [])  # deletes/consumed a full store refused
+        # ack-only commits are fsynced within ACK_SYNC_S, off the receipt path (#14)
+        self._ack_syncer = (AckSyncer(self.store, self.log)
+                            if getattr(self.store, "deferred_sync", False) else None)
         self.commit_seconds = 1.0   # moving average of commit durations (starts "slow")
         self.inline_commits = 0     # commits run on the site task (stat, tests)
         self.started = time.time()  # monitoring: uptime
@@ -513,6 +527,8 @@ class BrokerNode:
             if b.heartbeat_interval > 0:
                 nursery.start_soon(self._heartbeats, b.heartbeat_interval)
             nursery.start_soon(self._watch_space)
+            if self._ack_syncer is not None:
+                nursery.start_soon(self._ack_syncer.run)
             task_status.started(list(self.addresses))
             await self._stopped.wait()
             nursery.cancel_scope.cancel()
@@ -614,10 +630,22 @@ class BrokerNode:
                     await self._inbox_room.wait()   # message bodies wait in the socket
                 frames = await framed.receive_frames()
                 c.last_rx = trio.current_time()
-                if len(frames) <= INLINE_FRAMES and self._site_idle():
-                    await self._handle_inline(c, frames)
-                    continue
                 self._inbox_bytes += _body_bytes(frames)
+                if inbox.statistics().tasks_waiting_receive:
+                    # the site task waits on an empty inbox: this chunk may be alone (#14)
+                    now = time.perf_counter()
+                    if now - self._batch_end <= INLINE_GAP_S:
+                        self._crowded = now + CROWDED_S   # chunks arrive together
+                    elif len(frames) > INLINE_MAX_FRAMES:
+                        self._crowded = now + CROWDED_S   # a pipelining client's flood
+                    elif now > self._crowded and not self._batch_lock.locked():
+                        await self._inline_batch(c, frames)   # no task hand-off at all
+                        continue
+                    # no extra pass; the site task no longer waits, so this reader's
+                    # next chunk goes below
+                    inbox.send_nowait((c, frames))
+                    continue
+                self._crowded = time.perf_counter() + CROWDED_S   # the site task is busy
                 # a checkpoint per chunk: the site task's batch stays one chunk's worth
                 # per reader, so a pipelining client's answers cannot outgrow the
                 # connection's high water within one batch (send_nowait here overflowed
@@ -637,43 +665,29 @@ class BrokerNode:
         except _SOCKET_ERRORS:
             pass
 
-    def _site_idle(self) -> bool:
-        """The site task waits for input with nothing queued or handed to it, and no
-        batch is being handled: a reader may handle its chunk itself, in order."""
-        if self._batch_lock.locked():
-            return False
-        stats = self._inbox.statistics()
-        return stats.current_buffer_used == 0 and stats.tasks_waiting_receive > 0
-
-    async def _handle_inline(self, c: _Conn, frames: list) -> None:
-        """Handle one chunk as the site task would, from its reader (issue #14: a lone
-        message crosses the broker in one task step instead of three -- the reader's
-        hand-over to the inbox and the site task's wake-up were a scheduler pass each).
-        Only when ``_site_idle``: nothing else is queued, so order is kept; the batch
-        lock makes it the only batch.  Shielded: closing ``c`` (its nursery is
-        cancelled) must not cut a batch -- the site task is never cancelled mid-batch
-        either.  A timer the batch set earlier than the site task's wait moves it."""
+    async def _inline_batch(self, c: _Conn, frames: list) -> None:
+        """A reader handles its own chunk as a batch (see "Inline batches" above): the
+        site task waits on an empty inbox, the batch lock is free, no batch ended within
+        ``INLINE_GAP_S``.  The lock serialises it with the site task's batches."""
         self._batch_lock.acquire_nowait()
         try:
+            # shielded: closing ``c`` cancels its reader's nursery, and a batch must not be
+            # cut half-way (the site task is never cancelled mid-batch either)
             with trio.CancelScope(shield=True):
-                self._inbox_bytes += _body_bytes(frames)
                 await self._handle_batch([(c, frames)], None)
-        except Exception as exc:   # last resort, as in _site_loop
-            self.log.error("site.batch_failed", error=repr(exc), exc_info=exc, conns=[c.id])
+        except Exception as exc:   # as in _site_loop: log it, keep serving (#12)
+            self.log.error("site.batch_failed", error=repr(exc), exc_info=exc,
+                           conns=[c.id])
         finally:
             self._batch_lock.release()
-        due = self._site_deadline()
-        if due is not None and due < self._site_due:
-            self._site_due = due
-            self._site_wait.deadline = trio.current_time() + max(due - time.time(), 0.0)
-
-    def _site_deadline(self) -> float | None:
-        """When the site task must wake without input (a Site timer, a drop summary)."""
-        deadline = self.site.next_deadline()
-        drops_due = self._drops.next_deadline()
-        if drops_due is not None and (deadline is None or drops_due < deadline):
-            deadline = drops_due   # a drop summary to write
-        return deadline
+            self._batch_end = time.perf_counter()
+        waiting = self._site_wait
+        if waiting is not None:   # timers: the site task sleeps until the old deadline
+            due = self._next_deadline()
+            if due is not None:
+                at = trio.current_time() + max(due - time.time(), 0.0)
+                if at < waiting.deadline:
+                    waiting.deadline = at
 
     async def _inject(self, c: _Conn, frames: list) -> None:
         """Frames a connection's protocol adapter adds as if the peer had sent them."""
@@ -820,14 +834,18 @@ class BrokerNode:
     async def _site_loop(self) -> None:
         """The one task that owns the Site: wait for input (or the next timer), take
         everything else already queued, handle it as one batch."""
-        inbox, site = self._inbox, self.site
+        inbox = self._inbox
         while True:
-            deadline = self._site_deadline()
+            deadline = self._next_deadline()
             batch: list = []
-            self._site_due = math.inf if deadline is None else deadline
-            wait = math.inf if deadline is None else max(deadline - time.time(), 0.0)
-            with trio.move_on_after(wait) as self._site_wait:
+            # a reader's inline batch may bring the deadline forward (``_inline_batch``)
+            with trio.CancelScope() as waiting:
+                if deadline is not None:
+                    waiting.deadline = trio.current_time() + max(deadline - time.time(),
+                                                                 0.0)
+                self._site_wait = waiting
                 batch.append(await inbox.receive())
+            self._site_wait = None
             try:
                 while len(batch) < MAX_BATCH:
                     batch.append(inbox.receive_nowait())
@@ -846,6 +864,16 @@ class BrokerNode:
                                conns=sorted({c.id for c, _ in batch}))
             finally:
                 self._batch_lock.release()
+                self._batch_end = time.perf_counter()
+
+    def _next_deadline(self) -> float | None:
+        """When the site task must wake without input: the Site's timers, or a drop
+        summary to write (epoch seconds; None: never)."""
+        deadline = self.site.next_deadline()
+        drops_due = self._drops.next_deadline()
+        if drops_due is not None and (deadline is None or drops_due < deadline):
+            deadline = drops_due   # a drop summary to write
+        return deadline
 
     async def _handle_batch(self, batch: list, deadline: float | None) -> None:
         """Feed one batch to the Site, then perform all it asked for (one commit)."""
@@ -1381,6 +1409,8 @@ class BrokerNode:
             self._timed_apply(args)
         else:
             await _in_thread(self._timed_apply, args)
+        if not stores and self._ack_syncer is not None:
+            self._ack_syncer.poke()   # written, not fsynced: synced within ACK_SYNC_S
 
     def _timed_apply(self, args: tuple) -> None:
         """``store.apply(*args)``, its duration folded into ``commit_seconds``."""

@@ -138,7 +138,7 @@ def run_broker(config: BrokerConfig, *, init: bool = False) -> int:
     with lock:
         try:
             store = SqliteStore(data_dir, max_bytes=config.broker.max_store_bytes,
-                                broker_id=me, init=init)
+                                broker_id=me, init=init, ack_sync=config.store.ack_sync)
         except TreefedError as exc:
             log.error("broker.failed", error=exc.message, code=exc.code)
             print(f"treefed broker: {exc.message}", file=sys.stderr)

@@ -30,10 +30,31 @@ checkpoint runs.  A caller that never does is covered: at ``2 * CHECKPOINT_BYTES
 
 Durability: each ``apply`` is one explicit transaction (BEGIN ... COMMIT, executemany per
 kind) so a whole batch pays for one commit.  The journal is WAL.  With
-``synchronous="FULL"`` (default) the WAL is fsynced at every commit: a confirmed message
-survives kill -9 *and* power loss.  ``"NORMAL"`` fsyncs only at checkpoints: a commit is
-still in the OS page cache when ``apply`` returns, which survives kill -9 of the broker but
-not an OS crash.  bench/store_commit.py measures the price of each.
+``synchronous="FULL"`` (default) the WAL is fsynced at every commit that stores a message:
+a confirmed message survives kill -9 *and* power loss.  ``"NORMAL"`` fsyncs only at
+checkpoints: a commit is still in the OS page cache when ``apply`` returns, which survives
+kill -9 of the broker but not an OS crash.  bench/store_commit.py measures the price of each.
+
+Ack-only commits (issue #14, the owners' decision).  A transaction that inserts no message
+— only deletes (acks, forward acks, expiry), redelivery counts and consumed ids — is
+committed with ``synchronous=NORMAL`` (set on the connection for that transaction only)
+when ``ack_sync="normal"`` (the default): written to the WAL, not fsynced.  What that
+means:
+
+* kill -9 of the broker loses nothing: the WAL frames are in the OS page cache and the
+  next open replays them;
+* a power loss (or OS crash) may lose the acks of the last moments, so those messages are
+  delivered again (``redelivered``) — at-least-once, as with ActiveMQ's asynchronous acks;
+  a message whose receipt was sent is never lost: its insert's commit was fsynced;
+* an ack is durable at the next commit that stores a message (that commit's fsync of the
+  WAL covers every frame before it) or at ``sync()``, which fdatasyncs the WAL file and
+  which the node runs at most ``ACK_SYNC_S`` seconds after an ack-only commit, off the
+  receipt path (node/acksync.py).  ``sync_pending()`` says whether such frames exist.
+
+``ack_sync="full"`` restores an fsync per ack-only commit too.  Under ``synchronous=
+"NORMAL"`` nothing is fsynced per commit anyway and ``ack_sync`` changes nothing.  This
+halves the fsyncs per message where a consumer acks each one and at every hop of a chain
+(each hop deletes its copy when the next one's ForwardAck arrives).
 
 Failures: sqlite3 exceptions are translated here, once, into ``StoreError`` with a code —
 ``store_full`` (disk full or ``max_bytes`` reached; the broker refuses producers and keeps
@@ -82,7 +103,7 @@ from treefed.errors import ConfigError, StoreError
 from treefed.persistence.base import MessageStore
 
 __all__ = ["SqliteStore", "DB_NAME", "PRUNE_EVERY", "RESERVE_NAME", "RESERVE_BYTES",
-           "IDENTITY_NAME", "ROOM_MARGIN", "CHECKPOINT_BYTES"]
+           "IDENTITY_NAME", "ROOM_MARGIN", "CHECKPOINT_BYTES", "ACK_SYNC"]
 
 DB_NAME = "messages.db"
 #: preallocated file whose space only deletes may use (see "Full disk")
@@ -102,6 +123,9 @@ _COMMIT_PAGES_BYTES = 3 * 4096
 _APPLICATION_ID = 0x74726664  # "trfd"
 _SCHEMA_VERSION = 1
 _SYNCHRONOUS = ("FULL", "NORMAL")
+#: ``ack_sync`` values: "normal" = ack-only commits are not fsynced (see "Ack-only
+#: commits"), "full" = every commit is (under synchronous="FULL")
+ACK_SYNC = ("normal", "full")
 
 _SCHEMA = """
 CREATE TABLE messages (
@@ -112,6 +136,7 @@ CREATE TABLE messages (
     blob BLOB NOT NULL,
     UNIQUE (id, dst)
 )"""
+_SYNC_PRAGMA = {"FULL": "PRAGMA synchronous=FULL", "NORMAL": "PRAGMA synchronous=NORMAL"}
 _INSERT = "INSERT OR IGNORE INTO messages (id, dst, redelivered, blob) VALUES (?, ?, ?, ?)"
 _UPDATE = "UPDATE messages SET redelivered = ? WHERE id = ? AND dst = ?"
 _DELETE = "DELETE FROM messages WHERE id = ? AND dst = ?"
@@ -173,7 +198,8 @@ class SqliteStore(MessageStore):
     """A MessageStore in ``data_dir/messages.db``; creates ``data_dir`` if missing.
 
     ``synchronous``: "FULL" (durable against power loss) or "NORMAL" (against process
-    crash only).  ``max_bytes``: cap on the database size (0 = the disk is the limit);
+    crash only).  ``ack_sync``: "normal" (ack-only commits are not fsynced until the next
+    storing commit or ``sync()``; see "Ack-only commits") or "full" (fsynced each).  ``max_bytes``: cap on the database size (0 = the disk is the limit);
     reaching it raises StoreError(code="store_full") exactly as a full disk does.
     ``dedup_window``: how many consumed ids ``load_consumed`` returns (the Broker's
     window; 0 = none are kept).  ``reserve_bytes``: space kept for deletes on a full disk
@@ -184,15 +210,24 @@ class SqliteStore(MessageStore):
     __slots__ = ("data_dir", "path", "synchronous", "journal_mode", "dedup_window",
                  "max_bytes", "reserve_bytes", "broker_id", "_reserve_held",
                  "_written", "_checkpointed",
-                 "_prune_every", "_since_prune", "_db")
+                 "_prune_every", "_since_prune", "_db",
+                 "ack_sync", "deferred_sync", "_sync_mode", "_lazy_commits", "_synced")
 
     def __init__(
         self, data_dir: str | os.PathLike[str], *, synchronous: str = "FULL", max_bytes: int = 0,
         dedup_window: int = 100_000, reserve_bytes: int = RESERVE_BYTES,
-        broker_id: str | None = None, init: bool = False,
+        broker_id: str | None = None, init: bool = False, ack_sync: str = "normal",
     ) -> None:
         if synchronous not in _SYNCHRONOUS:
             raise ConfigError("synchronous", f"must be one of {_SYNCHRONOUS}, got {synchronous!r}")
+        if ack_sync not in ACK_SYNC:
+            raise ConfigError("ack_sync", f"must be one of {ACK_SYNC}, got {ack_sync!r}")
+        self.ack_sync = ack_sync
+        #: ack-only commits skip their fsync (FULL store, ack_sync="normal")
+        self.deferred_sync = synchronous == "FULL" and ack_sync == "normal"
+        self._sync_mode = synchronous   # the connection's PRAGMA synchronous right now
+        self._lazy_commits = 0          # ack-only commits not fsynced, ever (a counter)
+        self._synced = 0                # ``_lazy_commits`` covered by an fsync of the WAL
         if max_bytes < 0:
             raise ConfigError("max_bytes", f"must be >= 0, got {max_bytes}")
         if dedup_window < 0:
@@ -480,21 +515,28 @@ class SqliteStore(MessageStore):
                     deletes: Sequence[tuple[str, str]],
                     redelivered: Sequence[tuple[str, str, int]],
                     consumed: Sequence[str]) -> None:
-        prune = False
+        lazy = not stores and self.deferred_sync   # an ack-only commit: no fsync
+        changes = db.total_changes
+        if self.deferred_sync:
+            mode = "NORMAL" if lazy else "FULL"
+            if mode != self._sync_mode:   # per transaction; only when it changes
+                try:
+                    db.execute(_SYNC_PRAGMA[mode])
+                except sqlite3.Error as exc:
+                    raise _store_error(exc, self.path, "apply") from exc
+                self._sync_mode = mode
         try:
-            db.execute("BEGIN")
-            if stores:
-                db.executemany(_INSERT, [(m.id, m.dst, m.redelivered, _encode(m)) for m in stores])
-            if redelivered:
-                db.executemany(_UPDATE, [(count, i, d) for i, d, count in redelivered])
-            if deletes:
-                db.executemany(_DELETE, deletes)
-            if consumed:
-                db.executemany(_REMEMBER, [(i,) for i in consumed])
-                prune = self._since_prune + len(consumed) >= self._prune_every
-                if prune:
-                    db.execute(_PRUNE, (self.dedup_window,))
-            db.execute("COMMIT")
+            if len(stores) + len(deletes) == 1 and not redelivered and not consumed:
+                # one row (a lone send, a lone forward ack): one statement in autocommit
+                # mode is its own transaction — the same commit and fsync without
+                # BEGIN / executemany / COMMIT round trips (issue #14)
+                if stores:
+                    m = stores[0]
+                    db.execute(_INSERT, (m.id, m.dst, m.redelivered, _encode(m)))
+                else:
+                    db.execute(_DELETE, deletes[0])
+            else:
+                self._apply_many(db, stores, deletes, redelivered, consumed)
         except (sqlite3.Error, cbor2.CBOREncodeError, OverflowError, ValueError,
                 TypeError) as exc:
             # SQLite may already have rolled back (e.g. on SQLITE_FULL); finish the job so
@@ -511,8 +553,40 @@ class SqliteStore(MessageStore):
                     code="store_encode",
                 ) from exc
             raise _store_error(exc, self.path, "apply") from exc
+        self._committed(db, stores, deletes, redelivered, consumed, lazy, changes)
+
+    def _apply_many(self, db: sqlite3.Connection, stores: Sequence[Message],
+                    deletes: Sequence[tuple[str, str]],
+                    redelivered: Sequence[tuple[str, str, int]],
+                    consumed: Sequence[str]) -> None:
+        """One explicit transaction for a batch of several rows (may raise)."""
+        prune = False
+        db.execute("BEGIN")
+        if stores:
+            db.executemany(_INSERT, [(m.id, m.dst, m.redelivered, _encode(m)) for m in stores])
+        if redelivered:
+            db.executemany(_UPDATE, [(count, i, d) for i, d, count in redelivered])
+        if deletes:
+            db.executemany(_DELETE, deletes)
+        if consumed:
+            db.executemany(_REMEMBER, [(i,) for i in consumed])
+            prune = self._since_prune + len(consumed) >= self._prune_every
+            if prune:
+                db.execute(_PRUNE, (self.dedup_window,))
+        db.execute("COMMIT")
         if consumed:
             self._since_prune = 0 if prune else self._since_prune + len(consumed)
+
+    def _committed(self, db: sqlite3.Connection, stores: Sequence[Message],
+                   deletes: Sequence[tuple[str, str]],
+                   redelivered: Sequence[tuple[str, str, int]], consumed: Sequence[str],
+                   lazy: bool, changes: int) -> None:
+        """Book-keeping after a successful commit: deferred syncs, checkpoint estimate."""
+        if self.deferred_sync and db.total_changes != changes:   # it wrote WAL frames
+            if lazy:
+                self._lazy_commits += 1
+            else:   # FULL: its fsync of the WAL covers every earlier frame
+                self._synced = self._lazy_commits
         # what the commit appended to the WAL, roughly: a few whole pages (table, index,
         # sqlite_sequence) plus each row twice over (row page + index/overflow pages)
         self._written += (_COMMIT_PAGES_BYTES
@@ -520,6 +594,36 @@ class SqliteStore(MessageStore):
                           + _ROW_OVERHEAD * (len(deletes) + len(redelivered) + len(consumed)))
         if self._written - self._checkpointed >= 2 * CHECKPOINT_BYTES:
             self._checkpoint_with(db, "PASSIVE")   # nobody called checkpoint(): bound the WAL
+
+    # ------------------------------------------------------------ deferred ack sync
+    def sync_pending(self) -> bool:
+        """True while an ack-only commit is written but not yet fsynced."""
+        return self._synced != self._lazy_commits
+
+    def sync(self) -> None:
+        """Make every commit so far durable against power loss: fdatasync the WAL file.
+
+        Touches no SQLite state (only the file), so it may run in a thread while the
+        connection commits: what a concurrent commit writes after the call began may or
+        may not be covered, and stays pending when not."""
+        upto = self._lazy_commits
+        try:
+            fd = os.open(f"{self.path}-wal", os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:   # no WAL: a checkpoint (which syncs) removed it
+            fd = -1
+        except OSError as exc:
+            raise StoreError(f"message store {self.path}: sync failed: {exc}",
+                             code="store_io") from exc
+        if fd >= 0:
+            try:
+                os.fdatasync(fd)
+            except OSError as exc:
+                raise StoreError(f"message store {self.path}: sync failed: {exc}",
+                                 code="store_io") from exc
+            finally:
+                os.close(fd)
+        # never past what a commit on the other thread recorded meanwhile (max: monotone)
+        self._synced = max(self._synced, upto)
 
     # ------------------------------------------------------------ checkpoints
     def checkpoint_due(self) -> bool:
@@ -561,9 +665,16 @@ class SqliteStore(MessageStore):
             "synchronous": self.synchronous,
             "journal_mode": self.journal_mode,
             "reserve_held": self._reserve_held,
+            "ack_sync": self.ack_sync,
+            "sync_pending": self.sync_pending(),
         }
 
     def close(self) -> None:
+        if self._db is not None and self.sync_pending():
+            try:
+                self.sync()   # the last acks, before anything else can happen
+            except StoreError:
+                pass   # closing checkpoints (syncs) anyway
         db, self._db = self._db, None
         if db is not None:
             try:
