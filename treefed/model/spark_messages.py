@@ -164,7 +164,7 @@ _CG = T.StructType([
 
 
 def _consumers(spark: SparkSession, folded: Folded, classes: Classes,
-               held: list) -> DataFrame:
+               held: list, trees: dict) -> DataFrame:
     """The consumer table: per class and holder cell, every consumer a message of the
     class can meet there (local, network from ``held``, static, fallback)."""
     cells, groups, qends = folded.cells, folded.groups, folded.qends
@@ -182,9 +182,7 @@ def _consumers(spark: SparkSession, folded: Folded, classes: Classes,
             rows.append(_network_row(folded, c, q, 0, False))
         # tree fallbacks (route_unknown_up): a child's parent end, for any destination
         for q in qends:
-            tree = None
-            if q.lane == "parent":
-                tree = _tree_of(folded, q.cell)
+            tree = trees.get(cells[q.cell].members[0]) if q.lane == "parent" else None
             if tree is not None and tree.route_unknown_up:
                 rows.append(_network_row(folded, c, q, 0, True))
     base = spark.createDataFrame(rows, _CONS)
@@ -228,10 +226,6 @@ def _mttl(folded: Folded, q) -> int:
     return -1 if t is None else t
 
 
-def _tree_of(folded: Folded, cell: int):
-    return getattr(folded, "_trees", {}).get(cell)
-
-
 def _network_row(folded: Folded, c: int, q, prio: int, fallback: bool) -> tuple:
     peer = folded.cells[q.peer_cell]
     tmode = "each" if peer.leaf else "single"
@@ -245,15 +239,13 @@ def route_spark(spark: SparkSession, folded: Folded, classes: Classes, held: lis
                 trees: dict | None = None) -> MessageResult:
     """Route every class hop by hop (module docstring).  ``trees``: broker -> its
     TreeSettings (the estate's ``tree``), for the fallback consumers."""
-    folded._trees = {cid: (trees or {}).get(c.members[0]) for cid, c in
-                     enumerate(folded.cells)}
     n_cls = len(classes.keys)
     res = MessageResult(classes, [0] * n_cls, [defaultdict(int) for _ in range(n_cls)],
                         [defaultdict(int) for _ in range(n_cls)],
                         [defaultdict(int) for _ in range(n_cls)])
     if not n_cls:
         return res
-    cons = _consumers(spark, folded, classes, held).localCheckpoint()
+    cons = _consumers(spark, folded, classes, held, trees or {}).localCheckpoint()
     if cons.where(F.col("tmode") == "bad").limit(1).collect():
         raise NotModelled("demand leads into a leaf cell for another cell's consumer")
     cons = F.broadcast(cons)
