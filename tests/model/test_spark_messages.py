@@ -92,7 +92,7 @@ def test_default_scenarios_every_mode(spark, scenario):
 
 @pytest.mark.slow
 def test_classes_fold_a_large_estate_without_rows_per_message(spark):
-    """sweep-size at 4 x 100 resized: 850 sends fall into a few dozen classes, each a
+    """sweep-size-4x0100: 851 sends fall into a few dozen classes, each a
     row carrying its count -- and still equal the exact walk."""
     f = _check_scenario(spark, "sweep-size-4x0100", modes=("tree", "mesh-ttl2"))
     for label, (_fig, n_classes, n_cells) in f.items():
