@@ -204,9 +204,10 @@ def model_rows(spark, scenario, modes: Sequence[str], *, engine: str = "spark",
         folded = fold(estate, groups, cells=cells)
         lap("fold_s")
         table = None
+        held = [] if messages and engine == "spark" and not check else None
         if engine == "spark" or check:
             from treefed.model.spark import per_broker, propagate_spark
-            result = propagate_spark(spark, folded)
+            result = propagate_spark(spark, folded, held=held)
             lap("spark_s")
             split = split_receipts(folded, result, plan.topology)
             table = [(ms, {**row, **split.get(cid, _NO_SPLIT)})
@@ -246,6 +247,12 @@ def model_rows(spark, scenario, modes: Sequence[str], *, engine: str = "spark",
         for k in keys:
             row[k] = sum(len(ms) * r.get(k, 0) for ms, r in table)
         row["max_demand"] = max((r["demand"] for _ms, r in table), default=0)
+        if messages and held is not None:
+            # --engine spark: messages routed on the cells too (model/spark_messages.py)
+            from treefed.model.spark_messages import message_figures_spark
+            message_fig = message_figures_spark(spark, plan, mode, folded, held, estate,
+                                                messages_dir)
+            lap("messages_s")
         if messages:
             if message_fig is None:
                 message_fig = message_figures(plan, mode, messages_dir)
@@ -402,10 +409,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run both engines and fail on any difference")
     p.add_argument("--no-brokers", action="store_true", help="skip brokers-<mode>.csv")
     p.add_argument("--messages", action="store_true",
-                   help="also route the workload's messages over the modelled demand "
-                        "(exact walk, per broker): delivered / stranded and where, per "
-                        "sender -> destination in messages-<mode>.csv, and spill as the "
-                        "report defines it")
+                   help="also route the workload's messages over the modelled demand: "
+                        "with --engine exact per broker (delivered / stranded and where, "
+                        "per sender -> destination in messages-<mode>.csv, and spill as "
+                        "the report defines it); with --engine spark on the cells, per "
+                        "class of alike sends (message-classes-<mode>.csv)")
     p.add_argument("--sweep", metavar="TOTALS",
                    help="comma-separated total store counts (e.g. 10,100,1000,10000,"
                         "100000) spread over --regions (default 10): writes sweep.csv, "

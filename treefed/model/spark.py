@@ -110,9 +110,13 @@ def _priority(kind, decrease, hops):
             .otherwise(-5 - (hops + 1)))
 
 
-def propagate_spark(spark: SparkSession, folded: Folded, *, max_hops: int = 64) -> dict:
+def propagate_spark(spark: SparkSession, folded: Folded, *, max_hops: int = 64,
+                    held: list | None = None) -> dict:
     """Per-cell figures of the folded estate: ``{"cells": {cell: {figure: n}},
-    "dst": [(cell, gid, received, demand)]}``.  Raises NotModelled like ``exact``."""
+    "dst": [(cell, gid, received, demand)]}``.  Raises NotModelled like ``exact``.
+    ``held``: a list that receives, per hop, the demand kept (``spark_messages.py``
+    reads it): (gid, holder cell, holder's end, the cell it points to, priority, and
+    whether it is a static conduit's instance)."""
     qends, groups, flags = _tables(spark, folded)
     qends = F.broadcast(qends)
     flags = F.broadcast(flags)
@@ -230,6 +234,10 @@ def propagate_spark(spark: SparkSession, folded: Folded, *, max_hops: int = 64) 
             F.col("gid").alias("kgid"), F.col("peer_cell").alias("kcell"),
             F.col("prio").alias("kprio"))
         kept = new_kept if kept is None else kept.unionByName(new_kept)
+        if held is not None:
+            held.append(active.select(
+                "gid", F.col("peer_cell").alias("hcell"), F.col("peer_qend").alias("hq"),
+                F.col("cell").alias("tcell"), "prio", (static & conduit).alias("static")))
         conduit_parts.append(active.where("conduit").select(
             "peer_cell", "peer_qend", "dst", "templated", "origin", "ok",
             "peer_leaf", "peer_fan", "peer_size"))

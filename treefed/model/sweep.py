@@ -91,10 +91,12 @@ def run_rows(rows: Sequence[dict]) -> list[dict]:
                 "expected": expected, "delivered": delivered,
                 "delivery_ratio": round(delivered / expected, 4) if expected else "",
                 "stranded": r["stranded"], "stranded_at": r["stranded_at"],
-                "dropped": r["dropped"], "lost": 0,
-                "spilled_advisories": r["spilled"], "wasted_demand": r["wasted_demand"],
-                "sibling_spill": r["spilled_sibling"],
-                "downward_spill": r["spilled_downward"]})
+                "dropped": r["dropped"], "lost": 0})
+            if r.get("spilled") not in (None, ""):   # exact walk: every message's path
+                row.update({
+                    "spilled_advisories": r["spilled"], "wasted_demand": r["wasted_demand"],
+                    "sibling_spill": r["spilled_sibling"],
+                    "downward_spill": r["spilled_downward"]})
     return out
 
 

@@ -1,0 +1,165 @@
+"""Messages on Spark cells (model/spark_messages.py) equal the exact walk
+(model/messages.py, itself equal to the replay engine message by message): per message
+(delivered, where, stranded where) and the run's totals, on the default scenarios'
+workload sends in every modelled mode, on random small trees and meshes, and through
+``treefed model --engine spark --messages``."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from treefed.model import spark_messages as sm
+from treefed.model.cells import fold
+from treefed.model.exact import (Estate, Group, Link, NotModelled, estate_from_topology,
+                                 groups_from_consumers)
+from treefed.model.messages import Send, route, route_plan, summarise
+from treefed.model.spark import propagate_spark
+from treefed.federation.settings import LinkSettings
+from treefed.scenario.compare import MODELLED, find_scenario, with_compared_modes
+from treefed.scenario.spec import load_scenario
+from treefed.scenario.workload import build_plan
+
+from tests.model.randomestate import DSTS, mesh_cases, tree_cases
+
+pytestmark = pytest.mark.spark
+
+
+def _spark_rows(spark, estate, groups, sends, *, cells=True):
+    folded = fold(estate, groups, cells=cells)
+    held: list = []
+    propagate_spark(spark, folded, held=held)
+    classes = sm.classify(folded, sends)
+    res = sm.route_spark(spark, folded, classes, held, estate.tree)
+    return folded, classes, res, sm.outcomes(folded, res, sends)
+
+
+def _exact_rows(outcomes):
+    return [(o.delivered, o.delivered_at, o.stranded_at) for o in outcomes]
+
+
+def _check_scenario(spark, name, modes=None):
+    sc = with_compared_modes(load_scenario(find_scenario(name)))
+    plan = build_plan(dataclasses.replace(sc, timeline=()))
+    groups = groups_from_consumers(plan.consumers)
+    units = {m.id: m.units for m in plan.messages.values()}
+    sends = [Send(m.id, m.broker, m.dst) for m in plan.messages.values()
+             if m.kind != "timeline"]
+    figures = {}
+    for mode in (m for m in sc.modes if m.label in (modes or MODELLED)):
+        estate = estate_from_topology(plan.topology, mode)
+        folded, classes, res, rows = _spark_rows(spark, estate, groups, sends)
+        exact = route_plan(plan, mode)
+        assert [(r["delivered"], r["delivered_at"], r["stranded_at"]) for r in rows] == \
+            _exact_rows(exact), mode.label
+        mine = sm.summary(rows, units)
+        ref = summarise(exact, units)
+        assert {k: mine[k] for k in ref} == ref, mode.label
+        # counts carried, not messages: fewer classes than sends once there are many
+        assert sum(classes.count) == len(sends)
+        figures[mode.label] = (mine, len(classes.keys), len(folded.cells))
+    return figures
+
+
+def test_retail_small_tree_and_ttl2(spark):
+    """retail-small: 31 sends (40 units) in 9 classes; the figures of
+    test_messages.test_hand_checked_retail_small, now from the cells."""
+    f = _check_scenario(spark, "retail-small", modes=("tree", "mesh-ttl2"))
+    assert (f["tree"][0]["delivered"], f["tree"][0]["stranded"]) == (40, 0)
+    assert (f["mesh-ttl2"][0]["delivered"], f["mesh-ttl2"][0]["stranded"]) == (33, 7)
+    assert f["tree"][1] == 9 and f["mesh-ttl2"][1] == 9
+
+
+@pytest.mark.slow
+def test_retail_small_every_mode(spark):
+    f = _check_scenario(spark, "retail-small")
+    assert (f["mesh-ttl1"][0]["delivered"], f["mesh-ttl1"][0]["stranded"]) == (0, 30)
+    assert (f["mesh-tuned"][0]["delivered"], f["mesh-tuned"][0]["stranded"]) == (30, 10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["sweep-size-4x0005", "sweep-size-4x0025",
+                                      "sweep-size-4x0100", "sweep-depth-2",
+                                      "sweep-depth-3", "sweep-depth-4", "churn",
+                                      "reconfigure", "deep"])
+def test_default_scenarios_every_mode(spark, scenario):
+    _check_scenario(spark, scenario)
+
+
+@pytest.mark.slow
+def test_classes_fold_a_large_estate_without_rows_per_message(spark):
+    """sweep-size-4x0100: 851 sends fall into a few dozen classes, each a
+    row carrying its count -- and still equal the exact walk."""
+    f = _check_scenario(spark, "sweep-size-4x0100", modes=("tree", "mesh-ttl2"))
+    for label, (_fig, n_classes, n_cells) in f.items():
+        assert n_classes < 60 and n_cells < 20, (label, n_classes, n_cells)
+
+
+def test_round_robin_is_refused_not_guessed(spark):
+    """Two local consumers and a link at one priority (test_messages'
+    test_members_of_a_group_take_turns): the core's round robin decides message by
+    message; counts cannot, so the cells refuse it."""
+    s = LinkSettings(kind="mesh", name="m", duplex=False, network_ttl=1)
+    estate = Estate(("b0", "b1"), (Link("b1", "b0", s),))
+    groups = [Group("b0", "queue://A", 1, name="x"), Group("b1", "queue://A", 2, name="y")]
+    with pytest.raises(NotModelled, match="round robin"):
+        _spark_rows(spark, estate, groups, [Send("1", "b1", "queue://A")])
+
+
+def _compare_random(spark, case, sends):
+    sends = [Send(f"m{i}", b, d) for i, (b, d) in enumerate(sends)]
+    exact = route(case.estate, case.groups(), sends)
+    try:
+        _f, _c, _r, rows = _spark_rows(spark, case.estate, case.groups(), sends)
+    except NotModelled:
+        assume(False)
+    got = [(r["delivered"], r["delivered_at"], r["stranded_at"]) for r in rows]
+    want = [(len(o.deliveries) if o.send.dst.startswith("topic://") else o.delivered,
+             o.delivered_at, o.stranded_at) for o in exact]
+    assert got == want
+
+
+def _sends(draw, brokers):
+    return draw(st.lists(st.tuples(st.sampled_from(brokers), st.sampled_from(DSTS)),
+                         min_size=1, max_size=6))
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, suppress_health_check=[
+    HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
+@given(mesh_cases(), st.data())
+def test_random_meshes_equal_the_exact_walk(spark, case, data):
+    _compare_random(spark, case, _sends(data.draw, case.estate.brokers))
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, suppress_health_check=[
+    HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(tree_cases(), st.data())
+def test_random_trees_equal_the_exact_walk(spark, case, data):
+    _compare_random(spark, case, _sends(data.draw, case.estate.brokers))
+
+
+def test_model_cli_spark_messages(spark, tmp_path):
+    """``treefed model retail-small --engine spark --messages``: model.csv and runs.csv
+    carry the message figures, message-classes-<mode>.csv the classes."""
+    from treefed.model.cli import main
+
+    assert main(["retail-small", "--mode", "mesh-ttl2", "--messages", "--no-brokers",
+                 "--out", str(tmp_path)]) == 0
+    with (tmp_path / "model.csv").open() as fh:
+        row = next(csv.DictReader(fh))
+    assert (row["expected"], row["delivered"], row["stranded"], row["dropped"]) == \
+        ("40", "33", "7", "0")
+    assert row["stranded_tiers"] == "store: 7"
+    with (tmp_path / "runs.csv").open() as fh:
+        run = next(csv.DictReader(fh))
+    assert (run["delivered"], run["stranded"], run["source"]) == ("33", "7", "model")
+    with (tmp_path / "message-classes-mesh-ttl2.csv").open() as fh:
+        classes = list(csv.DictReader(fh))
+    assert sum(int(c["messages"]) for c in classes) == 31
+    assert sum(int(c["stranded"]) for c in classes) == 7
