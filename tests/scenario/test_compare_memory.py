@@ -18,7 +18,7 @@ def test_report_gets_the_small_driver_heap(tmp_path: Path, monkeypatch) -> None:
     assert compare.main(["retail-small", "--out", str(tmp_path / "runs"),
                          "--report", str(tmp_path / "rep")]) == 0
     (argv,) = seen
-    assert argv[argv.index("--driver-memory") + 1] == compare.DRIVER_MEMORY == "1g"
+    assert argv[argv.index("--driver-memory") + 1] == compare.DRIVER_MEMORY == "768m"
     modes = compare.with_compared_modes(
         compare.load_scenario(compare.find_scenario("retail-small"))).modes
     assert len([a for a in argv if a.startswith(str(tmp_path / "runs"))]) == len(modes)
