@@ -164,3 +164,25 @@ class BrokerProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+class TaskSteps(trio.abc.Instrument):
+    """Counts trio task steps by task name while ``on`` (the step-count tests of issue #14:
+    each step is a scheduler pass)."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, int] = {}
+        self.on = False
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if self.on:
+            self.by_name[task.name] = self.by_name.get(task.name, 0) + 1
+
+    def count(self, part: str) -> int:
+        """Steps of the tasks whose name contains ``part``."""
+        return sum(n for name, n in self.by_name.items() if part in name)
+
+    def broker(self) -> int:
+        """Steps of the broker's tasks: site task, readers (serve_tcp's handlers), writers."""
+        return sum(n for name, n in self.by_name.items()
+                   if "BrokerNode" in name or "_run_handler" in name)

@@ -10,26 +10,13 @@ import trio
 from treefed.client import connect
 from treefed.persistence import SqliteStore
 
-from tests.node.helpers import make_config, start_node
+from tests.node.helpers import TaskSteps, make_config, start_node
 
 N = 100
 
 
-class _Steps(trio.abc.Instrument):
-    def __init__(self) -> None:
-        self.by_name: dict[str, int] = {}
-        self.on = False
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        if self.on:
-            self.by_name[task.name] = self.by_name.get(task.name, 0) + 1
-
-    def count(self, part: str) -> int:
-        return sum(n for name, n in self.by_name.items() if part in name)
-
-
 async def test_lone_sync_sends_are_handled_by_their_reader(tmp_path):
-    steps = _Steps()
+    steps = TaskSteps()
     store = SqliteStore(tmp_path / "d", synchronous="NORMAL", reserve_bytes=0)
     trio.lowlevel.add_instrument(steps)
     try:

@@ -10,29 +10,14 @@ import time
 
 import trio
 
-from tests.node.helpers import make_config, start_node
+from tests.node.helpers import TaskSteps, make_config, start_node
 from treefed.client import connect
 
 N = 200
 
 
-class _Steps(trio.abc.Instrument):
-    def __init__(self) -> None:
-        self.by_name: dict[str, int] = {}
-        self.on = False
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        if self.on:
-            self.by_name[task.name] = self.by_name.get(task.name, 0) + 1
-
-    def broker(self) -> int:
-        """Steps of the broker's tasks: site task, readers (serve_tcp's handlers), writers."""
-        return sum(n for name, n in self.by_name.items()
-                   if "BrokerNode" in name or "_run_handler" in name)
-
-
 async def test_a_lone_message_crosses_the_broker_in_about_one_task_step(tmp_path):
-    steps = _Steps()
+    steps = TaskSteps()
     trio.lowlevel.add_instrument(steps)
     try:
         async with trio.open_nursery() as nursery:

@@ -7,27 +7,14 @@ from __future__ import annotations
 
 import trio
 
-from tests.node.helpers import make_config, start_node
+from tests.node.helpers import TaskSteps, make_config, start_node
 from treefed.client import connect
 
 N = 200
 
 
-class _Steps(trio.abc.Instrument):
-    def __init__(self) -> None:
-        self.by_name: dict[str, int] = {}
-        self.on = False
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        if self.on:
-            self.by_name[task.name] = self.by_name.get(task.name, 0) + 1
-
-    def count(self, part: str) -> int:
-        return sum(n for name, n in self.by_name.items() if part in name)
-
-
 async def test_a_lone_message_costs_one_site_step_and_no_writer_step(tmp_path):
-    steps = _Steps()
+    steps = TaskSteps()
     trio.lowlevel.add_instrument(steps)
     try:
         async with trio.open_nursery() as nursery:
