@@ -1,8 +1,7 @@
-"""A reader hands its chunk to the Site itself when the site task is idle (issue #14:
-a lone message crossed a broker in three task steps -- the reader's wake-up, its
-hand-over to the inbox, the site task's wake-up -- each a scheduler pass).  Counted with
-a trio Instrument on an in-process BrokerNode; plus the two things the shortcut must not
-break: order on a connection, and a timer the inline batch sets."""
+"""A reader hands its chunk to the Site itself when the site task is idle (issue #14; the
+step count of a lone message is tests/node/test_task_steps.py): what the shortcut must not
+break -- order on a connection, a timer the inline batch sets -- and that a burst still
+goes to the site task."""
 
 from __future__ import annotations
 
@@ -10,43 +9,8 @@ import time
 
 import trio
 
-from tests.node.helpers import TaskSteps, make_config, start_node
+from tests.node.helpers import make_config, start_node
 from treefed.client import connect
-
-N = 200
-
-
-async def test_a_lone_message_crosses_the_broker_in_about_one_task_step(tmp_path):
-    steps = TaskSteps()
-    trio.lowlevel.add_instrument(steps)
-    try:
-        async with trio.open_nursery() as nursery:
-            node, uri = await start_node(nursery, make_config(tmp_path))
-            async with connect(uri) as consumer, connect(uri) as producer:
-                sub = await consumer.subscribe("queue://Lone", prefetch=N + 10)
-                await producer.send("queue://Lone", b"warm", persistent=False)
-                (await sub.receive()).ack_nowait()
-                await trio.sleep(0.2)
-                batches = node.batches
-                steps.on = True
-                got = []
-                for _ in range(N):
-                    await producer.send("queue://Lone", b"x", persistent=False,
-                                        confirm=False)
-                    await producer.flush()
-                    got.append(await sub.receive())
-                await trio.sleep(0.2)
-                steps.on = False
-                assert node.batches - batches >= N     # every Send was handled as a batch
-                for msg in got:
-                    msg.ack_nowait()
-            nursery.cancel_scope.cancel()
-    finally:
-        trio.lowlevel.remove_instrument(steps)
-    # before: ~3 per message (reader 2 + site task 1); now the reader's wake-up only
-    assert steps.broker() <= 1.3 * N, steps.by_name
-    assert steps.by_name.get("treefed.node.node.BrokerNode._site_loop", 0) <= 0.1 * N, \
-        steps.by_name
 
 
 async def test_order_on_each_connection_is_kept_while_readers_and_site_task_mix(tmp_path):
