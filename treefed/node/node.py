@@ -3,7 +3,9 @@
 Theory of operation
 -------------------
 Actor shape.  ONE site task owns the Site (and through it the core Broker); nothing else
-ever calls into them.  Every connection — client or broker link, accepted or dialed —
+ever calls into them but a reader standing in for it while it is idle ("Inline batches"
+below), under the same batch lock.  Every connection — client or broker link, accepted or
+dialed —
 has a reader task and a writer task:
 
 * the reader takes every complete frame of each received chunk (``FramedStream``) and
