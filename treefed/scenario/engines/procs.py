@@ -31,8 +31,8 @@ from ``estate.scenario.estate_scenario``): each site starts from its own config 
 log), so links are TLS with the estate's certificates end to end through the proxy, and
 the workload clients log in over TLS as the estate's application users.  Before the plan
 starts every link must be up within ``link_timeout`` seconds (with or without ``estate``),
-else the run stops with what the brokers logged (a refused certificate, a failed login).  ``workdir`` keeps the sites'
-configs, data and logs there instead of a temporary folder.
+else the run stops with what the brokers logged (a refused certificate, a failed login).
+``workdir`` keeps the sites' configs, data and logs there instead of a temporary folder.
 """
 
 from __future__ import annotations
