@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from treefed.errors import ConfigError
 from treefed.estate.forecast import forecast, load_estate
 from treefed.estate.generate import generate, parse_description
 from treefed.estate.start import start_estate
+from treefed.transport.ports import free_ports
 from treefed.security.passwords import parse_password_hash, verify_password
 
 REPO = Path(__file__).resolve().parents[2]
@@ -173,15 +173,6 @@ class TestGenerate:
             "region-2-store-0003"
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
 
 def _start(config: Path, log: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "treefed.cli", "broker", "--config",
@@ -204,7 +195,7 @@ class TestTlsEstateStarts:
         """HQ, a region and a store from generated configs, one process each: both tree
         links come up over mutual TLS (the region requires and authenticates the store's
         certificate); a store with a certificate from another CA is refused."""
-        hq, region, store, rogue = _free_ports(4)
+        hq, region, store, rogue = free_ports(4)
         data = description(hq={"host": "127.0.0.1", "port": hq}, layer=[
             {"name": "region", "sites": [{"id": "region-1", "port": region}]},
             {"name": "store", "sites": [{"id": "store-1", "port": store}]}])
@@ -251,7 +242,7 @@ class TestTlsEstateStarts:
     def test_estate_start_command(self, tmp_path):
         """treefed estate start DIR: every broker of a generated estate up and linked,
         SIGTERM stops them all (exit 0)."""
-        ports = _free_ports(3)
+        ports = free_ports(3)
         data = description(hq={"host": "127.0.0.1", "port": ports[0]}, tls={"enabled": False},
                            user=[], permission=[], layer=[
             {"name": "region", "sites": [{"id": "r1", "port": ports[1]}]},

@@ -40,7 +40,6 @@ import math
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -55,6 +54,7 @@ import trio
 from treefed.client import ConnectionClosed, connect
 from treefed.config import dump_config, parse_config
 from treefed.errors import RemoteError, TreefedError
+from treefed.transport.ports import free_port
 
 from tests.faults.proxy import REPO_ROOT, ProxyProcess
 
@@ -64,13 +64,6 @@ __all__ = ["MODES", "Estate", "BrokerProc", "Ledger", "Producer", "Consumer",
 MODES = ("tree", "mesh")
 #: back-off of every test link: fast enough that a returning link is used within a second
 RECONNECT = "initialReconnectDelay=100&maxReconnectDelay=1000"
-
-
-def free_port() -> int:
-    """A port nobody listens on right now (bound to 0, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def child_env() -> dict[str, str]:

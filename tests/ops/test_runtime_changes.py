@@ -19,14 +19,7 @@ from treefed.config import load_config
 from treefed.errors import RemoteError, TreefedError
 from treefed.node import BrokerNode
 from treefed.ops.wait import wait_ready
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from treefed.transport.ports import free_port
 
 
 def write(path: Path, broker_id: str, port: int, extra: str = "",

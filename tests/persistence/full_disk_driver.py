@@ -30,22 +30,16 @@ import trio
 
 from treefed.client import connect
 from treefed.errors import RemoteError, TreefedError
+from treefed.transport.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BODY = b"x" * 16 * 1024
 QUEUE = "queue://disk.q"
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Broker:
     def __init__(self, root: Path, data: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.uri = f"tcp://127.0.0.1:{self.port}"
         self.config = root / "broker.toml"
         self.config.write_text(

@@ -18,6 +18,7 @@ from treefed.core.message import Message
 from treefed.errors import StoreError
 from treefed.persistence import SqliteStore
 from treefed.persistence.sqlite import DB_NAME, IDENTITY_NAME
+from treefed.transport.ports import free_port
 
 from tests.persistence.conftest import REPO_ROOT
 
@@ -80,9 +81,7 @@ class TestStore:
 
 
 def _config(tmp_path, broker_id: str, data) -> tuple[str, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     path = tmp_path / f"{broker_id}.toml"
     path.write_text(f'[broker]\nid = "{broker_id}"\ndata_dir = "{data}"\n'
                     f'listen = ["tcp://127.0.0.1:{port}"]\n[logging]\nlevel = "info"\n')

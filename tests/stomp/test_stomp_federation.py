@@ -5,12 +5,12 @@ store survives the store broker's kill -9 on its way to a native consumer at HQ.
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 import trio
 
 from treefed.client import connect
+from treefed.transport.ports import free_port
 
 from tests.node.helpers import BrokerProcess
 from tests.stomp.helpers import Client, start_stomp_node, stomp_doc, wait_for
@@ -56,12 +56,6 @@ class TestThroughTheTree:
             await till.disconnect()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _stomp_port(log_path) -> int | None:
     for line in log_path.read_text().splitlines():
         if '"broker.listening"' in line:
@@ -77,7 +71,7 @@ class TestKillDashNine:
         """Persistent STOMP sends confirmed by RECEIPT at a store whose parent is down are
         all delivered, once each and in order, to a native consumer at HQ after the store
         broker was killed with -9 and restarted."""
-        hq_port = _free_port()
+        hq_port = free_port()
         config = tmp_path / "store.toml"
         config.write_text(
             f'[broker]\nid = "s1"\ndata_dir = "{tmp_path / "s1"}"\n'

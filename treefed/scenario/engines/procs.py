@@ -58,6 +58,7 @@ from treefed.scenario.results import Recorder
 from treefed.scenario.spec import Mode
 from treefed.scenario.topology import BrokerSpec, Topology
 from treefed.scenario.workload import Plan, PlannedConsumer, Step
+from treefed.transport.ports import free_port
 from treefed.transport.streams import open_tcp
 from treefed.transport.uri import Endpoint
 
@@ -75,21 +76,13 @@ _COMMON = {"ts", "broker", "event", "level", "v", "run"}
 _RESHAPING = {"cut_link", "restore_link", "kill_broker", "restart_broker", "insert_layer"}
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _Site:
     __slots__ = ("spec", "port", "dir", "config", "log", "proc", "app", "scope", "alive",
                  "up", "proxy")
 
     def __init__(self, spec: BrokerSpec, root: Path) -> None:
         self.spec = spec
-        self.port = _free_port()
+        self.port = free_port()
         self.dir = root / spec.id
         self.dir.mkdir(parents=True)
         self.config = self.dir / "broker.toml"
