@@ -1114,8 +1114,9 @@ class Broker:
         d.dequeued += 1
         if not d.topic:
             self._dups.release(m.id)
-            d.bytes -= msg_size(m)
-            self._mem -= msg_size(m)
+            size = msg_size(m)
+            d.bytes -= size
+            self._mem -= size
             if type(m.body) is Paged:
                 self._paged -= len(m.body)
             if m.persistent and d.stored:

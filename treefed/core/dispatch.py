@@ -99,6 +99,8 @@ def take(d: Dest, i: int) -> Consumer:
     c = cons[i]
     j = i + 1
     n = len(cons)
+    if j == n:
+        return c   # already last (a lone consumer): nothing to move
     p = c.priority
     while j < n and cons[j].priority == p:
         j += 1

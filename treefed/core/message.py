@@ -32,6 +32,8 @@ class Message:
                                  # "replay" consumer (tree) may then take it back along its path
     replay_at: float = 0.0       # when it rested + the broker's replay_delay: before that it
                                  # waits for a local consumer to return rather than go back up
+    nbytes: int = -1             # ``records.msg_size`` once computed (-1: not yet): the
+                                 # memory and limit books add and subtract the same figure
 
     @property
     def size(self) -> int:

@@ -36,11 +36,16 @@ NO_PENDING: deque = deque()  # Dest.pending until a message waits (an empty dequ
 
 
 def msg_size(m: Message) -> int:
-    # Same value as Message.size without a generator per message (hot path).
-    h = m.headers
-    if not h:
-        return len(m.body) + 64
-    return len(m.body) + 64 + 16 * len(h) + sum(map(len, h))
+    """``Message.size`` without a generator per message (hot path), computed once per
+    message and kept in ``m.nbytes``: admission, settle and the limit books each ask for
+    it (issue #14), and they then add and subtract the very same figure.  A ``Paged``
+    body has the body's length, so paging does not change it."""
+    n = m.nbytes
+    if n < 0:
+        h = m.headers
+        n = len(m.body) + 64 if not h else len(m.body) + 64 + 16 * len(h) + sum(map(len, h))
+        m.nbytes = n
+    return n
 
 
 @dataclass(frozen=True, slots=True)

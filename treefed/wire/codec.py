@@ -158,6 +158,25 @@ def _head(major: int, n: int) -> bytes:
     return bytes((major | 27,)) + n.to_bytes(8, "big")
 
 
+#: CBOR text items (head + UTF-8) of the strings every Deliver of a subscription repeats
+#: -- its subscription id and destination -- so they are encoded once, not per message
+#: (issue #14).  Bounded: emptied when it reaches ``_TEXT_MEMO_MAX`` entries.
+_TEXT_MEMO: dict[str, bytes] = {}
+_TEXT_MEMO_MAX = 4096
+
+
+def _text_item(s: str) -> bytes:
+    """``s`` as a CBOR text item, remembered in ``_TEXT_MEMO``.  Raises as ``str.encode``
+    does (a lone surrogate), exactly where the unmemoised encoding raised."""
+    b = s.encode()
+    n = len(b)
+    item = (_TEXT[n] if n < 256 else _head(0x60, n)) + b
+    if len(_TEXT_MEMO) >= _TEXT_MEMO_MAX:
+        _TEXT_MEMO.clear()
+    _TEXT_MEMO[s] = item
+    return item
+
+
 def _deliver_cbor(f: Deliver) -> bytes | None:
     """A Deliver's CBOR, built by hand: the broker writes one per message, and cbor2
     spends most of its time calling its output's ``write`` once per item.  Covers the
@@ -187,16 +206,15 @@ def _deliver_cbor(f: Deliver) -> bytes | None:
             return None   # the generic path refuses it, naming the frame
     else:
         head_b = b"\xa0"
-    sub_b, msg_b, dst_b = sub.encode(), msg.encode(), dst.encode()
-    n = len(sub_b)
+    msg_b = msg.encode()
     m = len(msg_b)
-    d = len(dst_b)
     k = len(body)
+    memo = _TEXT_MEMO
     return b"".join((
         b"\x8c\x07" if exp else b"\x8b\x07",   # code + 11 fields, or 10: expires 0.0 is cut
-        _TEXT[n] if n < 256 else _head(0x60, n), sub_b,
+        memo.get(sub) or _text_item(sub),
         _TEXT[m] if m < 256 else _head(0x60, m), msg_b,
-        _TEXT[d] if d < 256 else _head(0x60, d), dst_b,
+        memo.get(dst) or _text_item(dst),
         head_b,
         _BYTES[k] if k < 256 else _head(0x40, k), body,
         b"\xf5" if f.persistent else b"\xf4",
