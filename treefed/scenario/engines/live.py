@@ -98,8 +98,12 @@ class App:
         self.errors = 0
         self._out: list = []
         self._wake = trio.Event()
+        self._direct: FrameEnd | None = None   # a frame link once hello is done
 
     def queue(self, frame: Any) -> None:
+        direct = self._direct
+        if direct is not None and direct.send_now((frame,)):   # no writer task to wake
+            return
         self._out.append(frame)
         self._wake.set()
 
@@ -132,6 +136,19 @@ class App:
         if type(first[0]) is not Hello:
             raise RemoteError(f"{self.broker_id}: expected hello, got {first[0]!r}")
         task_status.started()
+        if type(framed) is FrameEnd:
+            # an in-process frame link takes frames synchronously: what the App queues
+            # goes at once, in order, and the App needs no writer task (issue #14)
+            self._direct = framed
+            early, self._out = self._out, []
+            framed.send_now(early)
+            self._handle(first[1:])
+            try:
+                while True:
+                    self._handle(await framed.receive_frames())
+            except _GONE:
+                pass   # the broker went away (stopped, killed): so does its application
+            return
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._writer, framed)
             self._handle(first[1:])
@@ -143,12 +160,18 @@ class App:
             nursery.cancel_scope.cancel()
 
     def _handle(self, frames: list) -> None:
+        acks = []
         for frame in frames:
             kind = type(frame)
             if kind is Deliver:
-                self.queue(Ack(frame.sub, frame.msg))
+                acks.append(Ack(frame.sub, frame.msg))
             elif kind is Error:
                 self.errors += 1
+        if acks:
+            direct = self._direct
+            if direct is None or not direct.send_now(acks):
+                self._out += acks
+                self._wake.set()
 
     async def _writer(self, framed: FramedStream) -> None:
         try:
