@@ -147,6 +147,7 @@ from treefed.node.login import LoginGate
 from treefed.security.guard import Guard
 from treefed.transport.backoff import backoff_for
 from treefed.transport.framed import FramedStream
+from treefed.transport.memory import FrameEnd
 from treefed.transport.streams import connect_with_retry, open_tcp, peer_address, serve_tcp
 from treefed.transport.tls import peer_identity, serve_tls
 from treefed.transport.uri import Endpoint, Failover, Static, parse_uri
@@ -582,8 +583,10 @@ class BrokerNode:
             from treefed.node.stomp_conn import StompStream as framed_cls
         else:
             framed_cls = FramedStream
-        c = _Conn(self._new_id(), framed_cls(stream, self.config.broker.max_frame_bytes),
-                  remote, dialer)
+        # an in-process frame link (transport/memory.py) carries frames already
+        framed = stream if type(stream) is FrameEnd \
+            else framed_cls(stream, self.config.broker.max_frame_bytes)
+        c = _Conn(self._new_id(), framed, remote, dialer)
         if dialer is not None:
             hello = self.site.hello(dialer.settings)
             if dialer.username is not None:

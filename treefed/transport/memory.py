@@ -16,13 +16,38 @@ buffer itself and wakes the peer's reader, so a frame crossing an in-process lin
 longer wakes the sending connection's writer task (one task switch fewer per link per
 batch, as on plain TCP).  Bytes still cross as encoded frames: each broker decodes its
 own copy, as it would from a socket.
+
+Frame links (issue #14, in-process estate round 2).  ``frame_link()`` returns two
+``FrameEnd``s: in-process connections that carry *frames*, not bytes.  A ``FrameEnd`` has
+``FramedStream``'s interface (``receive_frames``, ``send_frames``, ``send_now``,
+``send_frame``, ``pending``, ``protocol``, ``stream``) and is a trio stream itself (for
+closing and the linger drain), so a node serves it in place of a ``FramedStream`` over a
+pipe: nothing is encoded, nothing decoded, no bytes are copied.  Each frame crosses as a
+fresh *copy* (``copy_frame``): lists and dicts are new, a float field given an int
+becomes a float, a tuple a list, a bytearray bytes — what the peer would get from the
+codec — so no mutable object is shared between two brokers (free-form maps — hello
+options, stat replies, admin arguments — are copied all the way down).  A frame type
+whose fields the copy does not know crosses through the codec itself.  Sending appends to
+the peer's list and wakes its receiver, in the caller's task: the append happens before
+the checkpoint, so ``send_now`` and a writer's ``send_frames`` never reorder.  Semantics
+as the pipes': unbounded, in order, ``send_eof`` / ``aclose`` end the peer's stream
+(``trio.EndOfChannel`` from ``receive_frames``), sending to a closed peer
+``BrokenResourceError``, using a closed end ``ClosedResourceError``.  What a frame link
+does not do that a socket does: check frame sizes and validate fields (both ends are this
+process's own code); the cross-engine scenario tests hold the memory engine to the tcp
+engine's results.
 """
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import trio
 
-__all__ = ["PipeStream", "pipe_pair"]
+from treefed.wire.codec import FrameDecoder, encode
+from treefed.wire.frames import SPECS
+
+__all__ = ["PipeStream", "pipe_pair", "FrameEnd", "frame_link", "copy_frame"]
 
 
 class _Pipe:
@@ -122,3 +147,190 @@ def pipe_pair() -> tuple[PipeStream, PipeStream]:
     """Two connected in-process stream ends."""
     a_to_b, b_to_a = _Pipe(), _Pipe()
     return PipeStream(b_to_a, a_to_b), PipeStream(a_to_b, b_to_a)
+
+
+# --------------------------------------------------------------------------- frame links
+
+
+def _as_bytes(v: Any) -> bytes:
+    return v if type(v) is bytes else bytes(v)
+
+
+def _as_float(v: Any) -> Any:
+    return float(v) if type(v) is int else v   # the codec's "int accepted" conversion
+
+
+def _as_list(v: Any) -> list:
+    return list(v)
+
+
+def _as_dict(v: Any) -> dict:
+    return dict(v)   # headers: str -> scalar values
+
+
+def _deep(v: Any) -> Any:
+    """A free-form map's value as the codec returns it: new dicts and lists (tuples
+    become lists, bytearrays bytes), scalars as they are."""
+    t = type(v)
+    if t is dict:
+        return {k: _deep(x) for k, x in v.items()}
+    if t is list or t is tuple:
+        return [_deep(x) for x in v]
+    if t is bytearray or t is memoryview:
+        return bytes(v)
+    return v
+
+
+#: Per frame kind (SPECS' type tags): how a field's value is copied; None: as it is
+#: (immutable values).
+_FIELD_COPY: dict[str, Callable[[Any], Any] | None] = {
+    "str": None, "int": None, "bool": None, "str?": None, "bytes": _as_bytes,
+    "float": _as_float, "num?": _as_float, "strlist": _as_list, "headers": _as_dict,
+    "map": _deep,
+}
+
+
+def _plan(cls: type) -> tuple | None:
+    specs = SPECS[cls]
+    if any(s.kind not in _FIELD_COPY for s in specs):
+        return None
+    return tuple((s.name, _FIELD_COPY[s.kind]) for s in specs)
+
+
+_PLANS: dict[type, tuple | None] = {cls: _plan(cls) for cls in SPECS}
+
+
+def _through_codec(frame: Any) -> Any:
+    decoder = FrameDecoder()
+    decoder.receive_data(encode(frame))
+    (copy,) = decoder.frames()
+    return copy
+
+
+def copy_frame(frame: Any) -> Any:
+    """The frame the peer of an in-process link receives: what the codec would hand it
+    (see "Frame links"), without encoding."""
+    cls = type(frame)
+    plan = _PLANS[cls]
+    if plan is None:
+        return _through_codec(frame)
+    return cls(*[getattr(frame, name) if conv is None else conv(getattr(frame, name))
+                 for name, conv in plan])
+
+
+class _Frames:
+    """One direction of a frame link: frames sent and not yet received."""
+
+    __slots__ = ("frames", "eof", "reader_gone", "lot")
+
+    def __init__(self) -> None:
+        self.frames: list = []
+        self.eof = False            # the sending end sent EOF or closed
+        self.reader_gone = False    # the receiving end closed: sends are broken
+        self.lot = trio.lowlevel.ParkingLot()
+
+
+class FrameEnd(trio.abc.HalfCloseableStream):
+    """One end of an in-process frame link (see "Frame links")."""
+
+    __slots__ = ("_in", "_out", "_closed")
+    protocol = "treefed"
+    pending = b""    # FramedStream's: bytes send_now could not write (never here)
+
+    def __init__(self, incoming: _Frames, outgoing: _Frames) -> None:
+        self._in = incoming
+        self._out = outgoing
+        self._closed = False
+
+    @property
+    def stream(self) -> FrameEnd:
+        """FramedStream's underlying stream: this end (for send_eof, close, drain)."""
+        return self
+
+    def _put(self, frames: Any) -> None:
+        out = self._out
+        if self._closed or out.eof:
+            raise trio.ClosedResourceError("this end is closed for sending")
+        if out.reader_gone:
+            raise trio.BrokenResourceError("the peer closed its end")
+        batch = [copy_frame(f) for f in frames]
+        if batch:
+            out.frames += batch
+            out.lot.unpark_all()
+
+    def send_now(self, frames: list) -> bool:
+        """Hand ``frames`` to the peer at once; False (nothing sent) when this end or the
+        peer is closed — the caller's ``send_frames`` then meets the error."""
+        out = self._out
+        if self._closed or out.eof or out.reader_gone or not frames:
+            return False
+        self._put(frames)
+        return True
+
+    async def send_frames(self, frames: Any) -> None:
+        self._put(frames)
+        await trio.lowlevel.checkpoint()
+
+    async def send_frame(self, frame: Any) -> None:
+        await self.send_frames((frame,))
+
+    async def receive_frames(self) -> list:
+        """Every frame received so far (never empty); trio.EndOfChannel once the peer
+        ended the stream and everything was received."""
+        inc = self._in
+        if not inc.frames and not inc.eof and not self._closed:
+            await inc.lot.park()   # the checkpoint: woken by a send, EOF or close
+            while not inc.frames and not inc.eof and not self._closed:
+                await inc.lot.park()
+        else:
+            await trio.lowlevel.checkpoint()
+        if self._closed:
+            raise trio.ClosedResourceError("this end is closed")
+        frames = inc.frames
+        if not frames:
+            raise trio.EndOfChannel("the peer ended the stream")
+        inc.frames = []
+        return frames
+
+    # trio stream side: what a node does with ``framed.stream`` and the raw stream
+    async def send_all(self, data: Any) -> None:   # pragma: no cover - not a byte stream
+        raise TypeError("a frame link carries frames: use send_frames")
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        """The linger drain: discard what arrives; b"" once the peer ended the stream."""
+        try:
+            await self.receive_frames()   # discarded
+        except trio.EndOfChannel:
+            return b""
+        return b"\0"
+
+    async def send_eof(self) -> None:
+        await trio.lowlevel.checkpoint()
+        if self._closed:
+            raise trio.ClosedResourceError("this end is closed")
+        self._out.eof = True
+        self._out.lot.unpark_all()
+
+    def close(self) -> None:
+        """Close both directions: the peer's stream ends, its sends break."""
+        if self._closed:
+            return
+        self._closed = True
+        self._out.eof = True
+        self._out.lot.unpark_all()
+        self._in.reader_gone = True
+        self._in.frames = []
+        self._in.lot.unpark_all()   # a receive of ours in progress raises Closed
+
+    async def aclose(self) -> None:
+        self.close()
+        await trio.lowlevel.checkpoint()
+
+
+def frame_link() -> tuple[FrameEnd, FrameEnd]:
+    """Two connected in-process frame-link ends."""
+    a_to_b, b_to_a = _Frames(), _Frames()
+    return FrameEnd(b_to_a, a_to_b), FrameEnd(a_to_b, b_to_a)

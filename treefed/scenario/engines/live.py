@@ -17,8 +17,9 @@ seconds its work needs.  Event ``ts`` is virtual time, as in replay.
 
 Links are dialed through the node's ``open_stream`` hook into ``_dial``, which knows
 the child's *current* parent: it waits while the link is cut or the parent is down, then
-returns a memory stream (handing the other end to the parent's ``serve_stream``) or a
-loopback TCP connection.  Cutting a link closes that stream; the child's dialer retries
+returns one end of an in-process frame link (``transport.memory.frame_link``, handing the
+other end to the parent's ``serve_stream``; the node and the App use a frame link in
+place of a ``FramedStream``) or a loopback TCP connection.  Cutting a link closes that stream; the child's dialer retries
 and waits in ``_dial`` until the link is restored.  ``insert_layer`` closes the moved
 children's links and their next dial reaches the new parent.
 
@@ -50,7 +51,8 @@ from treefed.scenario.spec import Mode
 from treefed.scenario.topology import BrokerSpec, Topology
 from treefed.scenario.workload import Plan, PlannedConsumer, Step
 from treefed.transport.framed import FramedStream
-from treefed.transport.streams import memory_stream_pair, open_tcp
+from treefed.transport.memory import FrameEnd, frame_link
+from treefed.transport.streams import open_tcp
 from treefed.transport.uri import Endpoint
 from treefed.wire.frames import (PROTOCOL_VERSION, Ack, Deliver, Error, Hello, Send,
                                  Subscribe, Unsubscribe)
@@ -96,8 +98,12 @@ class App:
         self.errors = 0
         self._out: list = []
         self._wake = trio.Event()
+        self._direct: FrameEnd | None = None   # a frame link once hello is done
 
     def queue(self, frame: Any) -> None:
+        direct = self._direct
+        if direct is not None and direct.send_now((frame,)):   # no writer task to wake
+            return
         self._out.append(frame)
         self._wake.set()
 
@@ -114,7 +120,7 @@ class App:
     async def run(self, stream: trio.abc.Stream, *,
                   task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Hello, then read (acking deliveries) and write until the stream ends."""
-        framed = FramedStream(stream)
+        framed = stream if type(stream) is FrameEnd else FramedStream(stream)
         await framed.send_frame(Hello(PROTOCOL_VERSION, "client", name=f"{self.broker_id}-app",
                                       username=self.username, password=self.password))
         try:
@@ -130,6 +136,19 @@ class App:
         if type(first[0]) is not Hello:
             raise RemoteError(f"{self.broker_id}: expected hello, got {first[0]!r}")
         task_status.started()
+        if type(framed) is FrameEnd:
+            # an in-process frame link takes frames synchronously: what the App queues
+            # goes at once, in order, and the App needs no writer task (issue #14)
+            self._direct = framed
+            early, self._out = self._out, []
+            framed.send_now(early)
+            self._handle(first[1:])
+            try:
+                while True:
+                    self._handle(await framed.receive_frames())
+            except _GONE:
+                pass   # the broker went away (stopped, killed): so does its application
+            return
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._writer, framed)
             self._handle(first[1:])
@@ -141,12 +160,18 @@ class App:
             nursery.cancel_scope.cancel()
 
     def _handle(self, frames: list) -> None:
+        acks = []
         for frame in frames:
             kind = type(frame)
             if kind is Deliver:
-                self.queue(Ack(frame.sub, frame.msg))
+                acks.append(Ack(frame.sub, frame.msg))
             elif kind is Error:
                 self.errors += 1
+        if acks:
+            direct = self._direct
+            if direct is None or not direct.send_now(acks):
+                self._out += acks
+                self._wake.set()
 
     async def _writer(self, framed: FramedStream) -> None:
         try:
@@ -321,7 +346,7 @@ class LiveEngine:
     async def _client_stream(self, site: _Site) -> trio.abc.Stream:
         if self.tcp:
             return await open_tcp(Endpoint("tcp", "127.0.0.1", site.port))
-        near, far = memory_stream_pair()
+        near, far = frame_link()
         site.nursery.start_soon(site.node.serve_stream, far)
         return near
 
@@ -340,7 +365,7 @@ class LiveEngine:
         if self.tcp:
             stream = await open_tcp(Endpoint("tcp", "127.0.0.1", parent.port))
         else:
-            stream, far = memory_stream_pair()
+            stream, far = frame_link()
             parent.nursery.start_soon(parent.node.serve_stream, far)
         child.link_stream = stream
         return stream
