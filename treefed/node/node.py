@@ -1243,8 +1243,20 @@ class BrokerNode:
                         c.out.append(a.error)
                     self._forget(c, now, more)
             actions = more
+        # A connection whose only frame is a ForwardAck is written after the others
+        # (issue #14): a relaying broker's hop is "read the Forward, write it on", and
+        # writing the upstream's ack first put one more loopback write — which also wakes
+        # the upstream broker, on 2 cores the core the next hop needs — in front of every
+        # forwarded message.  Per-connection order is unchanged.
+        acks_only: list = []
         for c in touched:   # written now when possible: no writer wake-up (issue #14)
-            if c.out and (c.closing or not self._write_now(c)):
+            out = c.out
+            if len(out) == 1 and type(out[0]) is ForwardAck:
+                acks_only.append(c)
+            elif out and (c.closing or not self._write_now(c)):
+                c.wake.set()
+        for c in acks_only:
+            if c.closing or not self._write_now(c):
                 c.wake.set()
         if self._threaded_store and self._checkpoint_due():
             # the receipts are queued: the writers send them while the WAL is copied
