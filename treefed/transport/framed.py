@@ -109,6 +109,8 @@ class FramedStream:
         would first try a read that fails with EAGAIN."""
         sock = self._sock
         while True:
+            if sock.fileno() < 0:   # closed before the wait (as receive_some says it)
+                raise trio.ClosedResourceError("this socket was already closed")
             await trio.lowlevel.wait_readable(sock)   # ClosedResourceError if closed
             try:
                 return os.read(sock.fileno(), self.receive_size)
