@@ -121,6 +121,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import math
 import random
 import secrets
 import time
@@ -205,6 +206,16 @@ INLINE_GAP_S = 0.00004
 #: A chunk of more frames than this (a pipelining client) goes to the site task, which
 #: groups it with what the other readers bring (one commit, acks included).
 INLINE_MAX_FRAMES = 8
+#: A link's ForwardAcks are held up to this many seconds (or ``ACK_HOLD_IDS`` ids) and
+#: go in one frame (issue #14): every ForwardAck frame wakes the broker it goes to, and at
+#: 1,000 msgs/s one frame per message made each hop wake twice per message (the Forward,
+#: then its ack) — on 2 cores the upstream's ack wake-up takes the core the message's
+#: next hop needs.  Held ids leave at once with any other frame for that connection,
+#: at a batch that finds them due, or at the site task's timer; never before the commit
+#: (they are taken after it, as before).  A lost ack is a re-forward the receiver drops
+#: as a duplicate, as before: holding only widens that window by this much.
+ACK_HOLD_S = 0.005
+ACK_HOLD_IDS = 256
 #: Once chunks were seen arriving together (within ``INLINE_GAP_S`` of a batch's end, or
 #: while the site task was busy), every chunk goes to the site task for this many seconds
 #: (renewed while it goes on): concurrent senders keep their group commit.
@@ -277,7 +288,7 @@ class _Conn:
     __slots__ = ("id", "kind", "framed", "out", "wake", "high_water", "paused", "resume",
                  "closing", "dead", "writer_done", "hello", "dialer", "peer",
                  "remote", "opened", "last_rx", "pinged", "user", "guard", "scope", "rtt",
-                 "out_bytes", "producer", "scopes")
+                 "out_bytes", "producer", "scopes", "acks", "acks_at")
 
     def __init__(self, conn_id: str, framed: FramedStream, remote: str,
                  dialer: Dialer | None) -> None:
@@ -308,6 +319,8 @@ class _Conn:
         self.producer: str | None = None    # a client's producer scope: appended to the
         #                                     ids it sends (wire/ids.py, issue #12)
         self.scopes: dict[str, str] = {}    # destination text -> its scope (a cache)
+        self.acks: list = []                # ForwardAck ids held (ACK_HOLD_S)
+        self.acks_at = 0.0                  # epoch seconds when the first was held
 
     def queue(self, frame: Any) -> None:
         self.out.append(frame)
@@ -435,6 +448,7 @@ class BrokerNode:
         self._batch_lock = trio.Lock()  # held while a batch is handled and committed
         self._batch_end = 0.0       # perf_counter() when the last batch ended
         self._crowded = 0.0         # perf_counter() until which chunks go to the site task
+        self._held: dict = {}       # connections holding ForwardAck ids (ACK_HOLD_S)
         self._site_wait: trio.CancelScope | None = None  # the site task's idle wait
         self.batches = 0            # site-task batches handled (stat, tests)
         self.commits = 0            # store transactions
@@ -688,11 +702,11 @@ class BrokerNode:
             self._batch_end = time.perf_counter()
         waiting = self._site_wait
         if waiting is not None:   # timers: the site task sleeps until the old deadline
+            # set to the deadline as it is now: earlier when this batch made a timer, later
+            # when it sent the held acks the site task would have woken for (ACK_HOLD_S)
             due = self._next_deadline()
-            if due is not None:
-                at = trio.current_time() + max(due - time.time(), 0.0)
-                if at < waiting.deadline:
-                    waiting.deadline = at
+            waiting.deadline = (math.inf if due is None else
+                                trio.current_time() + max(due - time.time(), 0.0))
 
     async def _inject(self, c: _Conn, frames: list) -> None:
         """Frames a connection's protocol adapter adds as if the peer had sent them."""
@@ -878,6 +892,10 @@ class BrokerNode:
         drops_due = self._drops.next_deadline()
         if drops_due is not None and (deadline is None or drops_due < deadline):
             deadline = drops_due   # a drop summary to write
+        if self._held:   # held ForwardAcks to send (ACK_HOLD_S)
+            acks_due = min(c.acks_at for c in self._held) + ACK_HOLD_S
+            if deadline is None or acks_due < deadline:
+                deadline = acks_due
         return deadline
 
     async def _handle_batch(self, batch: list, deadline: float | None) -> None:
@@ -903,6 +921,8 @@ class BrokerNode:
             self._inbox_room = trio.Event()
         if actions:
             await self._perform(actions, now)
+        if self._held:
+            self._acks_due(now)
         for fields in self._drops.due(now):
             self.log.info(SUMMARY_EVENT, **fields)
         self.batches += 1
@@ -1132,6 +1152,8 @@ class BrokerNode:
 
     def _forget(self, c: _Conn, now: float, actions: list) -> None:
         """The Site forgets ``c`` (once); its writer flushes and ends."""
+        if c.acks:   # what it took is acked before it closes
+            self._release_acks(c)
         if not c.closing:
             c.closing = True
             c.wake.set()
@@ -1204,7 +1226,6 @@ class BrokerNode:
             more: list = []
             if refused is not None:
                 deferred = self._take_back(refused, stores, deferred, now, more)
-            merged: dict = {}   # conn -> the ForwardAck this loop made (see below)
             for a in deferred:
                 c = conns.get(a.conn)
                 if c is None or c.closing:
@@ -1213,17 +1234,16 @@ class BrokerNode:
                     frame = a.frame
                     if c.producer is not None and type(frame) in _ANSWERS:
                         frame = _unscoped(frame)   # a client hears its own ids back
-                    if type(frame) is ForwardAck and c.out \
-                            and type(c.out[-1]) is ForwardAck:
-                        # one ForwardAck frame per read batch, not one per forward
-                        # (issue #14): ids join the unsent ack right before them, so
-                        # nothing is reordered and a lone forward's ack goes at once
-                        last = c.out[-1]
-                        if merged.get(c) is not last:
-                            last = c.out[-1] = merged[c] = ForwardAck(list(last.ids))
-                        last.ids.extend(frame.ids)
+                    if type(frame) is ForwardAck:
+                        # held, then one frame for many forwards (ACK_HOLD_S, issue #14)
+                        if not c.acks:
+                            c.acks_at = now
+                            self._held[c] = None
+                        c.acks.extend(frame.ids)
                         touched[c] = None
                         continue
+                    if c.acks:   # held acks keep their place before a later frame
+                        self._release_acks(c)
                     c.out.append(frame)
                     if type(frame) is Deliver and c.kind is _CLIENT and pending_cap:
                         c.out_bytes += len(frame.body) + 64
@@ -1246,12 +1266,43 @@ class BrokerNode:
                         c.out.append(a.error)
                     self._forget(c, now, more)
             actions = more
+        for c in touched:   # a batch takes held acks along from half their hold on,
+            #                 so that under steady traffic the site task's timer never fires
+            if c.acks and (c.out or len(c.acks) >= ACK_HOLD_IDS
+                           or now - c.acks_at >= ACK_HOLD_S / 2):
+                self._release_acks(c)
+        # A connection whose only frame is a ForwardAck is written after the others
+        # (issue #14): a relaying broker's hop is "read the Forward, write it on", and
+        # writing the upstream's ack first put one more loopback write — which also wakes
+        # the upstream broker, on 2 cores the core the next hop needs — in front of every
+        # forwarded message.  Per-connection order is unchanged.
+        acks_only: list = []
         for c in touched:   # written now when possible: no writer wake-up (issue #14)
-            if c.out and (c.closing or not self._write_now(c)):
+            out = c.out
+            if len(out) == 1 and type(out[0]) is ForwardAck:
+                acks_only.append(c)
+            elif out and (c.closing or not self._write_now(c)):
+                c.wake.set()
+        for c in acks_only:
+            if c.closing or not self._write_now(c):
                 c.wake.set()
         if self._threaded_store and self._checkpoint_due():
             # the receipts are queued: the writers send them while the WAL is copied
             await _in_thread(self.store.checkpoint)
+
+    def _release_acks(self, c: _Conn) -> None:
+        """Queue ``c``'s held ForwardAck ids as one frame (ACK_HOLD_S)."""
+        c.out.append(ForwardAck(c.acks))
+        c.acks = []
+        self._held.pop(c, None)
+
+    def _acks_due(self, now: float) -> None:
+        """Send the held ForwardAcks whose time came (the site task's timer), and with
+        them any held for half their time (see ``_perform``)."""
+        for c in [c for c in self._held if now - c.acks_at >= ACK_HOLD_S / 2]:
+            self._release_acks(c)
+            if c.closing or not self._write_now(c):
+                c.wake.set()
 
     @staticmethod
     def _write_now(c: _Conn) -> bool:

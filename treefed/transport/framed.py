@@ -28,10 +28,19 @@ not open (TLS and other streams, a send in progress, a full socket buffer, an
 error): the frames then go the usual way, through the writer, which meets the error.
 An in-process pipe (transport/memory.py) takes the whole batch at once, or nothing
 when it is closed.
+
+Reading after a drained read (issue #14).  trio's ``receive_some`` first tries a read
+and only then waits for the socket; for a connection whose last read took less than
+``receive_size`` (the kernel had no more) that first read is a syscall that fails with
+EAGAIN on every wake-up — a lone message's hop paid it at every broker.  On plain TCP
+``receive_frames`` then waits for readability first and reads after it (the wait is
+the checkpoint); after a full read it uses ``receive_some`` as before, whose checkpoint
+after a successful read keeps a flooding peer from starving the other tasks.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterable
 
@@ -51,7 +60,7 @@ class FramedStream:
     """A trio stream that carries treefed frames."""
 
     __slots__ = ("stream", "receive_size", "_decoder", "pending", "_sending", "_sock",
-                 "_pipe")
+                 "_pipe", "_drained")
     protocol = "treefed"    # what ``stat`` shows (node/stomp_conn.py: "stomp")
 
     def __init__(self, stream: trio.abc.Stream, max_frame: int = DEFAULT_MAX_FRAME, *,
@@ -65,6 +74,7 @@ class FramedStream:
         self._sock = stream.socket if type(stream) is trio.SocketStream else None
         # or the in-process pipe it may append to (transport/memory.py)
         self._pipe = stream if type(stream) is PipeStream else None
+        self._drained = False   # the last read took less than receive_size: wait first
 
     async def receive_frames(self) -> list[Frame]:
         """Wait for and return every complete frame received so far (never empty).
@@ -81,13 +91,35 @@ class FramedStream:
                 # the decoder keeps the error; the next call raises it
             if frames:
                 return frames
-            data = await self.stream.receive_some(self.receive_size)
+            if self._drained and self._sock is not None:
+                data = await self._wait_and_read()
+            else:
+                data = await self.stream.receive_some(self.receive_size)
+            self._drained = len(data) < self.receive_size
             if not data:
                 if decoder.buffered:
                     raise FrameError(f"connection closed inside a frame "
                                      f"({decoder.buffered} bytes pending)", code="truncated")
                 raise trio.EndOfChannel("peer closed the connection")
             decoder.receive_data(data)
+
+    async def _wait_and_read(self) -> bytes:
+        """Read from the plain TCP socket the last read drained (see "Reading after a
+        drained read"): wait until it is readable, then read — trio's ``receive_some``
+        would first try a read that fails with EAGAIN."""
+        sock = self._sock
+        while True:
+            if sock.fileno() < 0:   # closed before the wait (as receive_some says it)
+                raise trio.ClosedResourceError("this socket was already closed")
+            await trio.lowlevel.wait_readable(sock)   # ClosedResourceError if closed
+            try:
+                return os.read(sock.fileno(), self.receive_size)
+            except BlockingIOError:
+                continue   # a spurious wake-up
+            except OSError as exc:   # as trio's SocketStream translates them
+                if exc.errno in (errno.EBADF, errno.ENOTSOCK):
+                    raise trio.ClosedResourceError("this socket was already closed") from None
+                raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
 
     async def send_frames(self, frames: Iterable[Frame]) -> None:
         """Write a batch of frames with one send_all (nothing is sent for an empty batch),
