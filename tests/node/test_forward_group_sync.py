@@ -27,8 +27,11 @@ class GatedStore(SqliteStore):
     __slots__ = ("gate", "syncs_done")
 
     def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
         self.gate = threading.Event()
+        self.gate.set()   # open for the sync at opening
+        self.syncs_done = 0
+        super().__init__(*args, **kwargs)
+        self.gate.clear()
         self.syncs_done = 0
 
     def sync(self) -> None:

@@ -106,3 +106,39 @@ def test_kill_9_right_after_a_lazy_store_loses_nothing(tmp_path, child_env):
     store = SqliteStore(tmp_path, reserve_bytes=0)
     assert [m.id for m in store.load()] == [f"m{i}" for i in range(5)]
     store.close()
+
+
+REOPEN = """
+import os, sys
+from treefed.persistence import SqliteStore
+os.getppid()
+store = SqliteStore(sys.argv[1], reserve_bytes=0)
+os.getppid()
+print(len(store.load()))
+os._exit(0)
+"""
+
+
+def test_reopening_after_kill_9_fsyncs_what_the_killed_process_left_unsynced(
+        tmp_path, child_env):
+    """A restarted broker acks a re-forwarded duplicate at once (nothing of its own is
+    pending): the unsynced frames the killed one left in the page cache must be fsynced
+    when the store opens, or a power loss after the ack would lose the message."""
+    out = subprocess.run([sys.executable, "-c", KILLED, str(tmp_path)], env=child_env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == -9, out.stderr
+    trace = tmp_path / "trace"
+    out = subprocess.run(
+        [_strace(), "-f", "-qq", "-e", "trace=fsync,fdatasync,getppid", "-o", str(trace),
+         sys.executable, "-c", REOPEN, str(tmp_path)],
+        capture_output=True, text=True, env=child_env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "5"
+    marks = 0
+    syncs = 0
+    for line in trace.read_text().splitlines():
+        if "getppid(" in line:
+            marks += 1
+        elif marks == 1 and "sync(" in line:
+            syncs += 1
+    assert syncs >= 1

@@ -40,7 +40,7 @@ __all__ = ["AckSyncer", "ACK_SYNC_S", "FORWARD_SYNC_S"]
 ACK_SYNC_S = 0.1
 #: Seconds held ForwardAcks wait before their fsync, so that the forwards arriving
 #: meanwhile share it (a group commit off the sender's receipt path).
-FORWARD_SYNC_S = 0.002
+FORWARD_SYNC_S = 0.01
 
 
 class AckSyncer:

@@ -51,6 +51,15 @@ means:
   which the node runs at most ``ACK_SYNC_S`` seconds after an ack-only commit, off the
   receipt path (node/acksync.py).  ``sync_pending()`` says whether such frames exist.
 
+Forwards synced in groups (issue #14).  ``apply(..., durable=False)`` commits stores
+the same way (NORMAL, no fsync); the node uses it for a batch whose every stored message
+came in a Forward from another broker and which answers no client's send, and holds
+the batch's ForwardAcks until an fsync covers it: ``stores_mark()`` names the newest
+such commit, ``synced_past(mark)`` says when ``sync()`` or a later storing commit (whose
+WAL fsync covers every earlier frame) made it durable.  The upstream broker keeps its
+copy until then, so a confirmed message is always fsynced somewhere.  Opening a store
+fsyncs the WAL once: a killed process may have left such frames in the page cache only.
+
 ``ack_sync="full"`` restores an fsync per ack-only commit too.  Under ``synchronous=
 "NORMAL"`` nothing is fsynced per commit anyway and ``ack_sync`` changes nothing.  This
 halves the fsyncs per message where a consumer acks each one and at every hop of a chain
@@ -282,6 +291,11 @@ class SqliteStore(MessageStore):
         if broker_id and recorded is None:
             self._record_identity(broker_id)
         self._take_reserve()
+        if self.deferred_sync:
+            # what a killed process committed without an fsync (acks, grouped forwards)
+            # is in the page cache only: make it durable before anything is confirmed
+            # on the strength of it (a re-forwarded duplicate is acked at once)
+            self.sync()
 
     # ------------------------------------------------------------ start-up checks
     def _check_start(self, broker_id: str | None, init: bool) -> str | None:
