@@ -121,3 +121,30 @@ async def test_memory_store_and_ack_sync_full_ack_at_once(nursery, tmp_path):
             assert (await sub.receive()).body == b"x"
             await wait_for(lambda: root_store.stats()["rows"] == 0)
             assert leaf_store.stores_mark() == 0
+
+
+async def test_syncer_waits_the_group_window_unless_many_acks_wait(tmp_path):
+    from treefed.core.message import Message
+    from treefed.node.acksync import AckSyncer
+
+    store = SqliteStore(tmp_path, reserve_bytes=0)
+    synced: list[int] = []
+    syncer = AckSyncer(store, log=None, interval=30, urgent_interval=0.5,
+                       on_synced=lambda: synced.append(store.stores_mark()))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(syncer.run)
+        store.apply([Message("a", "queue://Q", body=b"", persistent=True)], [],
+                    durable=False)
+        syncer.poke(urgent=True)        # the group window (0.5 s here), not the interval
+        await trio.sleep(0.2)
+        assert synced == []
+        await wait_for(lambda: synced, timeout=2)
+        assert store.synced_past(synced[0])
+        store.apply([Message("b", "queue://Q", body=b"", persistent=True)], [],
+                    durable=False)
+        syncer.poke(urgent=True, now=True)   # many acks held: no window
+        with trio.fail_after(0.4):
+            await wait_for(lambda: len(synced) == 2, timeout=0.4)
+        assert store.synced_past(store.stores_mark())
+        nursery.cancel_scope.cancel()
+    store.close()

@@ -142,7 +142,7 @@ from treefed.federation.sharing import Sharing
 from treefed.federation.site import Site
 from treefed.log import get_logger
 from treefed.persistence import MemoryStore
-from treefed.node.acksync import AckSyncer
+from treefed.node.acksync import HELD_SYNC_NOW, AckSyncer
 from treefed.node.login import LoginGate
 from treefed.security.guard import Guard
 from treefed.transport.backoff import backoff_for
@@ -463,6 +463,7 @@ class BrokerNode:
         # until the syncer's group fsync covers them (#14, "Forwards synced in groups")
         self._group_forwards = self._ack_syncer is not None
         self._held: list = []       # (stores mark, conn, ForwardAck) waiting for an fsync
+        self._held_ids = 0          # message ids in ``_held``
         self.commit_seconds = 1.0   # moving average of commit durations (starts "slow")
         self.nosync_seconds = 1.0   # the same for commits that do not fsync
         self.inline_commits = 0     # commits run on the site task (stat, tests)
@@ -1241,6 +1242,7 @@ class BrokerNode:
                         # the forwards it acks are not fsynced yet: the upstream keeps
                         # its copies until the syncer's group fsync covers them
                         self._held.append((hold, c, frame))
+                        self._held_ids += len(frame.ids)
                         continue
                     if c.producer is not None and type(frame) in _ANSWERS:
                         frame = _unscoped(frame)   # a client hears its own ids back
@@ -1281,7 +1283,7 @@ class BrokerNode:
             if self.store.synced_past(self._held[-1][0]):
                 self._release_held()   # a storing commit's fsync covered them
             else:
-                self._ack_syncer.poke(urgent=True)
+                self._ack_syncer.poke(urgent=True, now=self._held_ids >= HELD_SYNC_NOW)
         for c in touched:   # written now when possible: no writer wake-up (issue #14)
             if c.out and (c.closing or not self._write_now(c)):
                 c.wake.set()
@@ -1321,6 +1323,7 @@ class BrokerNode:
             elif not (c.closing or c.dead) and self._conns.get(c.id) is c:
                 ids.setdefault(c, []).extend(frame.ids)
         self._held = keep
+        self._held_ids = sum(len(frame.ids) for _, _, frame in keep)
         for c, acked in ids.items():
             c.out.append(ForwardAck(acked))
             if not self._write_now(c):
