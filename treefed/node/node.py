@@ -465,7 +465,6 @@ class BrokerNode:
         self._held: list = []       # (stores mark, conn, ForwardAck) waiting for an fsync
         self._held_ids = 0          # message ids in ``_held``
         self.commit_seconds = 1.0   # moving average of commit durations (starts "slow")
-        self.nosync_seconds = 1.0   # the same for commits that do not fsync
         self.inline_commits = 0     # commits run on the site task (stat, tests)
         self.started = time.time()  # monitoring: uptime
         self.heartbeat_misses = 0   # connections torn down for an unanswered ping
@@ -1486,23 +1485,22 @@ class BrokerNode:
         # ``consumed`` only when there are some: a store written before it existed (a
         # test double) keeps working for everything else.
         args = (stores, deletes, (), consumed) if consumed else (stores, deletes)
-        # a commit without an fsync (ack-only, or grouped forwards) is timed apart: the
-        # fsyncing commits' duration must not send it to a worker thread (#14)
+        # (a commit without an fsync still goes to a worker thread while commits are
+        # slow: on a disk busy writing back, even a page-cache write may block)
         nosync = self._ack_syncer is not None and (not stores or not durable)
         if not self._threaded_store:
             self.store.apply(*args)
-        elif ((self.nosync_seconds if nosync else self.commit_seconds) < INLINE_COMMIT_S
+        elif (self.commit_seconds < INLINE_COMMIT_S
               and len(stores) + len(deletes) + len(consumed) <= INLINE_MAX_ROWS):
             self.inline_commits += 1
-            self._timed_apply(args, durable, nosync)
+            self._timed_apply(args, durable)
         else:
-            await _in_thread(self._timed_apply, args, durable, nosync)
+            await _in_thread(self._timed_apply, args, durable)
         if nosync:
             self._ack_syncer.poke()   # written, not fsynced: synced within ACK_SYNC_S
 
-    def _timed_apply(self, args: tuple, durable: bool = True, nosync: bool = False) -> None:
-        """``store.apply(*args)``, its duration folded into ``commit_seconds`` (or
-        ``nosync_seconds``)."""
+    def _timed_apply(self, args: tuple, durable: bool = True) -> None:
+        """``store.apply(*args)``, its duration folded into ``commit_seconds``."""
         began = time.perf_counter()
         try:
             if durable:
@@ -1511,10 +1509,7 @@ class BrokerNode:
                 self.store.apply(*args, durable=False)
         finally:
             took = time.perf_counter() - began
-            if nosync:
-                self.nosync_seconds += (took - self.nosync_seconds) * 0.2
-            else:
-                self.commit_seconds += (took - self.commit_seconds) * 0.2
+            self.commit_seconds += (took - self.commit_seconds) * 0.2
 
     def _log_event(self, a: Log) -> None:
         if self._event_sink is not None:
