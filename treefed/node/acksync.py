@@ -16,38 +16,65 @@ It never touches the receipt path: the site task does not wait for it, and it ho
 lock the site task takes (``sync`` only fdatasyncs the file, no SQLite call).  An idle
 broker sleeps on an event (no periodic wake-up); under steady acking it syncs at most once
 per ``interval``, and not at all while storing commits keep syncing the WAL anyway.
+
+Forwards synced in groups (issue #14).  A broker that received forwarded persistent
+messages commits them without an fsync and holds their ForwardAcks (node.py); it then
+``poke(urgent=True)``s this task, which waits only ``FORWARD_SYNC_S`` (so the forwards of
+the next moments share the fsync; not at all once ``HELD_SYNC_NOW`` acks wait, so a
+pipelining upstream's window of unacked forwards is not held up), syncs the WAL, and
+calls ``on_synced`` — the node
+sends the ForwardAcks the fsync covered.  A failed sync is retried ``interval`` later;
+the acks stay held meanwhile (the upstream keeps its copies).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import trio
 
 from treefed.errors import StoreError
 
-__all__ = ["AckSyncer", "ACK_SYNC_S"]
+__all__ = ["AckSyncer", "ACK_SYNC_S", "FORWARD_SYNC_S", "HELD_SYNC_NOW"]
 
 #: Seconds an ack-only commit may stay un-fsynced (when no storing commit comes first).
 ACK_SYNC_S = 0.1
+#: Seconds held ForwardAcks wait before their fsync, so that the forwards arriving
+#: meanwhile share it (a group commit off the sender's receipt path).
+FORWARD_SYNC_S = 0.01
+#: Held ForwardAcks (message ids) from which the sync runs at once, without the wait.
+HELD_SYNC_NOW = 256
 
 
 class AckSyncer:
     """Runs ``store.sync()`` at most ``interval`` seconds after a ``poke()`` (see module
     doc).  ``syncs`` counts the fsyncs it ran (stat, tests)."""
 
-    __slots__ = ("store", "log", "interval", "syncs", "_wanted")
+    __slots__ = ("store", "log", "interval", "syncs", "_wanted", "_urgent", "_now",
+                 "on_synced", "urgent_interval")
 
-    def __init__(self, store: Any, log: Any, interval: float = ACK_SYNC_S) -> None:
+    def __init__(self, store: Any, log: Any, interval: float = ACK_SYNC_S, *,
+                 urgent_interval: float = FORWARD_SYNC_S,
+                 on_synced: Callable[[], None] | None = None) -> None:
         self.store = store
         self.log = log
         self.interval = interval
+        self.urgent_interval = urgent_interval
+        self.on_synced = on_synced
         self.syncs = 0
         self._wanted = trio.Event()
+        self._urgent = trio.Event()
+        self._now = trio.Event()
 
-    def poke(self) -> None:
-        """An ack-only commit happened (cheap: a set event is left as it is)."""
+    def poke(self, urgent: bool = False, now: bool = False) -> None:
+        """An ack-only commit happened (cheap: a set event is left as it is);
+        ``urgent``: frames wait for the sync (held ForwardAcks); ``now``: many do."""
         self._wanted.set()
+        if urgent or now:
+            self._urgent.set()
+        if now:
+            self._now.set()
 
     async def run(self) -> None:
         store = self.store
@@ -55,17 +82,26 @@ class AckSyncer:
             self._wanted.set()
         while True:
             await self._wanted.wait()
-            await trio.sleep(self.interval)
+            with trio.move_on_after(self.interval):
+                await self._urgent.wait()
+            if self._urgent.is_set():
+                with trio.move_on_after(self.urgent_interval):   # let forwards join
+                    await self._now.wait()
             # a poke from now on asks for another round; what was committed before this
             # point is covered by the sync below (it starts after)
             self._wanted = trio.Event()
-            if not store.sync_pending():   # a storing commit synced them meanwhile
-                continue
-            try:
-                await trio.to_thread.run_sync(store.sync)
-            except StoreError as exc:
-                # nothing is lost by kill -9 either way; retried at the next poke, and
-                # the next storing commit fsyncs the WAL anyway
-                self.log.error("store.sync_failed", code=exc.code, error=exc.message)
-                continue
-            self.syncs += 1
+            self._urgent = trio.Event()
+            self._now = trio.Event()
+            if store.sync_pending():   # else a storing commit synced them meanwhile
+                try:
+                    await trio.to_thread.run_sync(store.sync)
+                except StoreError as exc:
+                    # nothing is lost by kill -9 either way; retried an interval later
+                    # (held ForwardAcks stay held), and the next storing commit fsyncs
+                    # the WAL anyway
+                    self.log.error("store.sync_failed", code=exc.code, error=exc.message)
+                    self._wanted.set()
+                    continue
+                self.syncs += 1
+            if self.on_synced is not None:
+                self.on_synced()

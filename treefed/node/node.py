@@ -143,7 +143,7 @@ from treefed.federation.sharing import Sharing
 from treefed.federation.site import Site
 from treefed.log import get_logger
 from treefed.persistence import MemoryStore
-from treefed.node.acksync import AckSyncer
+from treefed.node.acksync import HELD_SYNC_NOW, AckSyncer
 from treefed.node.login import LoginGate
 from treefed.security.guard import Guard
 from treefed.transport.backoff import backoff_for
@@ -263,6 +263,21 @@ def _unscoped(frame: Any) -> Any:
     if frame.ref is not None and SCOPE_SEP in frame.ref:
         return Error(frame.code, frame.message, original(frame.ref))
     return frame
+
+
+def _forwards_only(stores: list, deferred: list) -> bool:
+    """Every message the batch stores came in a Forward it acks, and it answers no
+    client's send: such a commit may skip its fsync while the ForwardAcks wait for one
+    (issue #14, "Forwards synced in groups")."""
+    acked: set = set()
+    for a in deferred:
+        if type(a) is Out:
+            kind = type(a.frame)
+            if kind is Receipt:
+                return False
+            if kind is ForwardAck:
+                acked.update(a.frame.ids)
+    return all(m.id in acked for m in stores)
 
 
 async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
@@ -457,8 +472,13 @@ class BrokerNode:
         self._space_wanted = trio.Event()   # set with store_full: wakes _watch_space
         self._unsaved: tuple[list, list] = ([], [])  # deletes/consumed a full store refused
         # ack-only commits are fsynced within ACK_SYNC_S, off the receipt path (#14)
-        self._ack_syncer = (AckSyncer(self.store, self.log)
+        self._ack_syncer = (AckSyncer(self.store, self.log, on_synced=self._release_held)
                             if getattr(self.store, "deferred_sync", False) else None)
+        # received forwards are committed without an fsync and their ForwardAcks held
+        # until the syncer's group fsync covers them (#14, "Forwards synced in groups")
+        self._group_forwards = self._ack_syncer is not None
+        self._sync_held: list = []  # (stores mark, conn, ForwardAck) waiting for an fsync
+        self._sync_held_ids = 0     # message ids in ``_sync_held``
         self.commit_seconds = 1.0   # moving average of commit durations (starts "slow")
         self.inline_commits = 0     # commits run on the site task (stat, tests)
         self.started = time.time()  # monitoring: uptime
@@ -1220,18 +1240,33 @@ class BrokerNode:
             if self._pageable:
                 await self._page_in(stores, deferred)
             if stores or deletes:
-                refused = await self._commit(stores, deletes, consumed)
+                lazy = self._group_forwards and bool(stores) \
+                    and _forwards_only(stores, deferred)
+                refused = await self._commit(stores, deletes, consumed, durable=not lazy)
                 if refused is None and self._pageable:
                     self.site.broker.page_out()
             more: list = []
             if refused is not None:
                 deferred = self._take_back(refused, stores, deferred, now, more)
+            hold = 0   # > 0: the stores mark ForwardAcks wait for (see _release_held)
+            if self._group_forwards:
+                mark = self.store.stores_mark()
+                if not self.store.synced_past(mark):
+                    deferred = await self._sync_for_receipts(deferred)
+                    if not self.store.synced_past(mark):
+                        hold = mark
             for a in deferred:
                 c = conns.get(a.conn)
                 if c is None or c.closing:
                     continue
                 if type(a) is Out:
                     frame = a.frame
+                    if hold and type(frame) is ForwardAck:
+                        # the forwards it acks are not fsynced yet: the upstream keeps
+                        # its copies until the syncer's group fsync covers them
+                        self._sync_held.append((hold, c, frame))
+                        self._sync_held_ids += len(frame.ids)
+                        continue
                     if c.producer is not None and type(frame) in _ANSWERS:
                         frame = _unscoped(frame)   # a client hears its own ids back
                     if type(frame) is ForwardAck:
@@ -1266,6 +1301,11 @@ class BrokerNode:
                         c.out.append(a.error)
                     self._forget(c, now, more)
             actions = more
+        if self._sync_held:
+            if self.store.synced_past(self._sync_held[-1][0]):
+                self._release_held()   # a storing commit's fsync covered them
+            else:
+                self._ack_syncer.poke(urgent=True, now=self._sync_held_ids >= HELD_SYNC_NOW)
         for c in touched:   # a batch takes held acks along from half their hold on,
             #                 so that under steady traffic the site task's timer never fires
             if c.acks and (c.out or len(c.acks) >= ACK_HOLD_IDS
@@ -1303,6 +1343,46 @@ class BrokerNode:
             self._release_acks(c)
             if c.closing or not self._write_now(c):
                 c.wake.set()
+
+    async def _sync_for_receipts(self, deferred: list) -> list:
+        """Receipts are never held: when forwards committed without an fsync are not
+        yet synced and this batch answers a client (a duplicate send, say), the WAL is
+        fsynced first; if that fails the receipts become errors."""
+        if not any(type(a) is Out and type(a.frame) is Receipt for a in deferred):
+            return deferred
+        try:
+            await _in_thread(self.store.sync)
+        except StoreError as exc:
+            self.log.error("store.sync_failed", code=exc.code, error=exc.message)
+            return [Out(a.conn, Error(exc.code, exc.message, a.frame.id))
+                    if type(a) is Out and type(a.frame) is Receipt else a
+                    for a in deferred]
+        return deferred
+
+    def _release_held(self) -> None:
+        """Send the held ForwardAcks that an fsync of the WAL now covers (one frame per
+        connection); those of a connection gone meanwhile are dropped — its peer
+        re-forwards, and the duplicate is acked then."""
+        held = self._sync_held
+        if not held:
+            return
+        store = self.store
+        ids: dict = {}
+        keep = []
+        for item in held:
+            mark, c, frame = item
+            if not store.synced_past(mark):
+                keep.append(item)
+            elif not (c.closing or c.dead) and self._conns.get(c.id) is c:
+                ids.setdefault(c, []).extend(frame.ids)
+        self._sync_held = keep
+        self._sync_held_ids = sum(len(frame.ids) for _, _, frame in keep)
+        for c, acked in ids.items():
+            c.out.append(ForwardAck(acked))
+            if not self._write_now(c):
+                c.wake.set()
+        if keep and self._ack_syncer is not None:
+            self._ack_syncer.poke(urgent=True)
 
     @staticmethod
     def _write_now(c: _Conn) -> bool:
@@ -1380,7 +1460,8 @@ class BrokerNode:
             kept.append(a)
         return kept
 
-    async def _commit(self, stores: list, deletes: list, consumed: list = ()) -> dict | None:
+    async def _commit(self, stores: list, deletes: list, consumed: list = (),
+                      durable: bool = True) -> dict | None:
         """One transaction for the batch.  On failure the broker keeps running: the
         messages it could not store are refused (see ``_take_back``).  A full store
         still commits the batch's deletes (with their consumed ids) on their own — an
@@ -1393,7 +1474,7 @@ class BrokerNode:
             consumed = unsaved_consumed + list(consumed)
             self._unsaved = ([], [])
         try:
-            await self._apply(stores, deletes, consumed)
+            await self._apply(stores, deletes, consumed, durable)
         except Exception as exc:   # containment (issue #12): no store failure ends us
             if not isinstance(exc, StoreError):
                 self.log.error("store.bug", error=repr(exc), exc_info=exc)
@@ -1453,26 +1534,33 @@ class BrokerNode:
             self.log.error("store.failed", code=exc.code, error=exc.message, doing="room")
             return False
 
-    async def _apply(self, stores: list, deletes: list, consumed: list = ()) -> None:
+    async def _apply(self, stores: list, deletes: list, consumed: list = (),
+                     durable: bool = True) -> None:
         # ``consumed`` only when there are some: a store written before it existed (a
         # test double) keeps working for everything else.
         args = (stores, deletes, (), consumed) if consumed else (stores, deletes)
+        # (a commit without an fsync still goes to a worker thread while commits are
+        # slow: on a disk busy writing back, even a page-cache write may block)
+        nosync = self._ack_syncer is not None and (not stores or not durable)
         if not self._threaded_store:
             self.store.apply(*args)
         elif (self.commit_seconds < INLINE_COMMIT_S
               and len(stores) + len(deletes) + len(consumed) <= INLINE_MAX_ROWS):
             self.inline_commits += 1
-            self._timed_apply(args)
+            self._timed_apply(args, durable)
         else:
-            await _in_thread(self._timed_apply, args)
-        if not stores and self._ack_syncer is not None:
+            await _in_thread(self._timed_apply, args, durable)
+        if nosync:
             self._ack_syncer.poke()   # written, not fsynced: synced within ACK_SYNC_S
 
-    def _timed_apply(self, args: tuple) -> None:
+    def _timed_apply(self, args: tuple, durable: bool = True) -> None:
         """``store.apply(*args)``, its duration folded into ``commit_seconds``."""
         began = time.perf_counter()
         try:
-            self.store.apply(*args)
+            if durable:
+                self.store.apply(*args)
+            else:
+                self.store.apply(*args, durable=False)
         finally:
             took = time.perf_counter() - began
             self.commit_seconds += (took - self.commit_seconds) * 0.2

@@ -51,6 +51,15 @@ means:
   which the node runs at most ``ACK_SYNC_S`` seconds after an ack-only commit, off the
   receipt path (node/acksync.py).  ``sync_pending()`` says whether such frames exist.
 
+Forwards synced in groups (issue #14).  ``apply(..., durable=False)`` commits stores
+the same way (NORMAL, no fsync); the node uses it for a batch whose every stored message
+came in a Forward from another broker and which answers no client's send, and holds
+the batch's ForwardAcks until an fsync covers it: ``stores_mark()`` names the newest
+such commit, ``synced_past(mark)`` says when ``sync()`` or a later storing commit (whose
+WAL fsync covers every earlier frame) made it durable.  The upstream broker keeps its
+copy until then, so a confirmed message is always fsynced somewhere.  Opening a store
+fsyncs the WAL once: a killed process may have left such frames in the page cache only.
+
 ``ack_sync="full"`` restores an fsync per ack-only commit too.  Under ``synchronous=
 "NORMAL"`` nothing is fsynced per commit anyway and ``ack_sync`` changes nothing.  This
 halves the fsyncs per message where a consumer acks each one and at every hop of a chain
@@ -211,7 +220,8 @@ class SqliteStore(MessageStore):
                  "max_bytes", "reserve_bytes", "broker_id", "_reserve_held",
                  "_written", "_checkpointed",
                  "_prune_every", "_since_prune", "_db",
-                 "ack_sync", "deferred_sync", "_sync_mode", "_lazy_commits", "_synced")
+                 "ack_sync", "deferred_sync", "_sync_mode", "_lazy_commits", "_synced",
+                 "_stores_mark")
 
     def __init__(
         self, data_dir: str | os.PathLike[str], *, synchronous: str = "FULL", max_bytes: int = 0,
@@ -228,6 +238,7 @@ class SqliteStore(MessageStore):
         self._sync_mode = synchronous   # the connection's PRAGMA synchronous right now
         self._lazy_commits = 0          # ack-only commits not fsynced, ever (a counter)
         self._synced = 0                # ``_lazy_commits`` covered by an fsync of the WAL
+        self._stores_mark = 0           # ``_lazy_commits`` after the last unsynced store
         if max_bytes < 0:
             raise ConfigError("max_bytes", f"must be >= 0, got {max_bytes}")
         if dedup_window < 0:
@@ -280,6 +291,11 @@ class SqliteStore(MessageStore):
         if broker_id and recorded is None:
             self._record_identity(broker_id)
         self._take_reserve()
+        if self.deferred_sync:
+            # what a killed process committed without an fsync (acks, grouped forwards)
+            # is in the page cache only: make it durable before anything is confirmed
+            # on the strength of it (a re-forwarded duplicate is acked at once)
+            self.sync()
 
     # ------------------------------------------------------------ start-up checks
     def _check_start(self, broker_id: str | None, init: bool) -> str | None:
@@ -491,7 +507,13 @@ class SqliteStore(MessageStore):
         deletes: Sequence[tuple[str, str]],
         redelivered: Iterable[tuple[str, str, int]] = (),
         consumed: Sequence[str] = (),
+        *,
+        durable: bool = True,
     ) -> None:
+        """See MessageStore.apply.  ``durable=False`` (issue #14, "Forwards synced in
+        groups"): commit the stores without fsyncing the WAL, like an ack-only commit —
+        the caller must not confirm them to anyone until ``synced_past(mark)`` for the
+        ``stores_mark()`` read after this call."""
         db = self._conn()
         if consumed and not self.dedup_window:
             consumed = ()
@@ -499,7 +521,7 @@ class SqliteStore(MessageStore):
         if not stores and not deletes and not redelivered and not consumed:
             return
         try:
-            self._apply_once(db, stores, deletes, redelivered, consumed)
+            self._apply_once(db, stores, deletes, redelivered, consumed, durable)
         except StoreError as exc:
             if exc.code != "store_full" or stores:
                 raise
@@ -514,8 +536,9 @@ class SqliteStore(MessageStore):
     def _apply_once(self, db: sqlite3.Connection, stores: Sequence[Message],
                     deletes: Sequence[tuple[str, str]],
                     redelivered: Sequence[tuple[str, str, int]],
-                    consumed: Sequence[str]) -> None:
-        lazy = not stores and self.deferred_sync   # an ack-only commit: no fsync
+                    consumed: Sequence[str], durable: bool = True) -> None:
+        # an ack-only commit, or forwards synced later in a group: no fsync
+        lazy = (not stores or not durable) and self.deferred_sync
         changes = db.total_changes
         if self.deferred_sync:
             mode = "NORMAL" if lazy else "FULL"
@@ -585,6 +608,8 @@ class SqliteStore(MessageStore):
         if self.deferred_sync and db.total_changes != changes:   # it wrote WAL frames
             if lazy:
                 self._lazy_commits += 1
+                if stores:
+                    self._stores_mark = self._lazy_commits
             else:   # FULL: its fsync of the WAL covers every earlier frame
                 self._synced = self._lazy_commits
         # what the commit appended to the WAL, roughly: a few whole pages (table, index,
@@ -599,6 +624,15 @@ class SqliteStore(MessageStore):
     def sync_pending(self) -> bool:
         """True while an ack-only commit is written but not yet fsynced."""
         return self._synced != self._lazy_commits
+
+    def stores_mark(self) -> int:
+        """The mark of the newest commit that stored messages without an fsync
+        (``durable=False``); ``synced_past(mark)`` says when an fsync covered it."""
+        return self._stores_mark
+
+    def synced_past(self, mark: int) -> bool:
+        """True once every commit up to ``mark`` (a ``stores_mark()``) is fsynced."""
+        return self._synced >= mark
 
     def sync(self) -> None:
         """Make every commit so far durable against power loss: fdatasync the WAL file.
