@@ -124,3 +124,26 @@ async def test_closing_an_end_interrupts_its_own_receive_and_the_drain_ends():
     assert await c.receive_some(65536)
     await d.aclose()
     assert await c.receive_some(65536) == b""
+
+
+async def test_aclose_is_a_checkpoint_unless_already_cancelled():
+    """A node's teardown closes thousands of links with aclose_forcefully: a link closed
+    by an already-cancelled task closes at once, without raising Cancelled inside; an
+    ordinary aclose still checkpoints."""
+    a, b = frame_link()
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await a.aclose()          # no Cancelled raised here: the scope is not "caught"
+        closed_without_raise = True
+    assert closed_without_raise and not scope.cancelled_caught
+    with pytest.raises(trio.EndOfChannel):
+        await b.receive_frames()
+    c, d = frame_link()
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await trio.aclose_forcefully(c)
+    with pytest.raises(trio.EndOfChannel):
+        await d.receive_frames()
+    e, _f = frame_link()
+    with trio.testing.assert_checkpoints():
+        await e.aclose()

@@ -17,29 +17,33 @@ longer wakes the sending connection's writer task (one task switch fewer per lin
 batch, as on plain TCP).  Bytes still cross as encoded frames: each broker decodes its
 own copy, as it would from a socket.
 
-Frame links (issue #14, in-process estate round 2).  ``frame_link()`` returns two
-``FrameEnd``s: in-process connections that carry *frames*, not bytes.  A ``FrameEnd`` has
+Frame links (issue #14, in-process estate round 2). ``frame_link()`` returns two
+``FrameEnd``s: in-process connections that carry *frames*, not bytes. A ``FrameEnd`` has
 ``FramedStream``'s interface (``receive_frames``, ``send_frames``, ``send_now``,
 ``send_frame``, ``pending``, ``protocol``, ``stream``) and is a trio stream itself (for
 closing and the linger drain), so a node serves it in place of a ``FramedStream`` over a
-pipe: nothing is encoded, nothing decoded, no bytes are copied.  Each frame crosses as a
+pipe: nothing is encoded, nothing decoded, no bytes are copied. Each frame crosses as a
 fresh *copy* (``copy_frame``): lists and dicts are new, a float field given an int
 becomes a float, a tuple a list, a bytearray bytes — what the peer would get from the
 codec — so no mutable object is shared between two brokers (free-form maps — hello
-options, stat replies, admin arguments — are copied all the way down).  A frame type
-whose fields the copy does not know crosses through the codec itself.  Sending appends to
+options, stat replies, admin arguments — are copied all the way down). A frame type
+whose fields the copy does not know crosses through the codec itself. Sending appends to
 the peer's list and wakes its receiver, in the caller's task: the append happens before
-the checkpoint, so ``send_now`` and a writer's ``send_frames`` never reorder.  Semantics
+the checkpoint, so ``send_now`` and a writer's ``send_frames`` never reorder. Semantics
 as the pipes': unbounded, in order, ``send_eof`` / ``aclose`` end the peer's stream
 (``trio.EndOfChannel`` from ``receive_frames``), sending to a closed peer
-``BrokenResourceError``, using a closed end ``ClosedResourceError``.  What a frame link
-does not do that a socket does: check frame sizes and validate fields (both ends are this
-process's own code); the cross-engine scenario tests hold the memory engine to the tcp
-engine's results.
+``BrokenResourceError``, using a closed end ``ClosedResourceError``. Closing an end from
+a task that is already cancelled (``aclose_forcefully``, a node's teardown) closes it
+without the checkpoint, which would only raise the Cancelled the caller is about to see
+anyway (the memory engine closes ~16,000 links at the end of a 4 x 1,000 run). What a
+frame link does not do that a socket does: check frame sizes and validate fields (both
+ends are this process's own code); the cross-engine scenario tests hold the memory
+engine to the tcp engine's results.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import trio
@@ -327,7 +331,10 @@ class FrameEnd(trio.abc.HalfCloseableStream):
 
     async def aclose(self) -> None:
         self.close()
-        await trio.lowlevel.checkpoint()
+        if trio.current_effective_deadline() != -math.inf:
+            await trio.lowlevel.checkpoint()
+        # else: already cancelled (``aclose_forcefully``, a node's teardown): closed now;
+        # the checkpoint would only raise the Cancelled the caller is about to see anyway
 
 
 def frame_link() -> tuple[FrameEnd, FrameEnd]:

@@ -19,9 +19,10 @@ Links are dialed through the node's ``open_stream`` hook into ``_dial``, which k
 the child's *current* parent: it waits while the link is cut or the parent is down, then
 returns one end of an in-process frame link (``transport.memory.frame_link``, handing the
 other end to the parent's ``serve_stream``; the node and the App use a frame link in
-place of a ``FramedStream``) or a loopback TCP connection.  Cutting a link closes that stream; the child's dialer retries
-and waits in ``_dial`` until the link is restored.  ``insert_layer`` closes the moved
-children's links and their next dial reaches the new parent.
+place of a ``FramedStream``) or a loopback TCP connection.  Cutting a link closes that
+stream; the child's dialer retries and waits in ``_dial`` until the link is restored.
+``insert_layer`` closes the moved children's links and their next dial reaches the new
+parent.
 
 Applications are one raw protocol client per site (``_App``): hello, subscriptions with
 the plan's ids, sends with the plan's message ids, an ack for every delivery.  Events
