@@ -42,7 +42,7 @@ __all__ = ["AckSyncer", "ACK_SYNC_S", "FORWARD_SYNC_S", "HELD_SYNC_NOW"]
 ACK_SYNC_S = 0.1
 #: Seconds held ForwardAcks wait before their fsync, so that the forwards arriving
 #: meanwhile share it (a group commit off the sender's receipt path).
-FORWARD_SYNC_S = 0.01
+FORWARD_SYNC_S = 0.002
 #: Held ForwardAcks (message ids) from which the sync runs at once, without the wait.
 HELD_SYNC_NOW = 256
 
