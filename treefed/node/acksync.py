@@ -22,8 +22,8 @@ messages commits them without an fsync and holds their ForwardAcks (node.py); it
 ``poke(urgent=True)``s this task, which waits only ``FORWARD_SYNC_S`` (so the forwards of
 the next moments share the fsync; not at all once ``HELD_SYNC_NOW`` acks wait, so a
 pipelining upstream's window of unacked forwards is not held up), syncs the WAL, and
-calls ``on_synced`` — the node
-sends the ForwardAcks the fsync covered.  A failed sync is retried ``interval`` later;
+calls ``on_synced`` — the node sends the ForwardAcks the fsync covered.  A failed sync
+is retried ``interval`` later;
 the acks stay held meanwhile (the upstream keeps its copies).
 """
 
