@@ -22,8 +22,8 @@ messages commits them without an fsync and holds their ForwardAcks (node.py); it
 ``poke(urgent=True)``s this task, which waits only ``FORWARD_SYNC_S`` (so the forwards of
 the next moments share the fsync; not at all once ``HELD_SYNC_NOW`` acks wait, so a
 pipelining upstream's window of unacked forwards is not held up), syncs the WAL, and
-calls ``on_synced`` — the node
-sends the ForwardAcks the fsync covered.  A failed sync is retried ``interval`` later;
+calls ``on_synced`` — the node sends the ForwardAcks the fsync covered.  A failed sync
+is retried ``interval`` later;
 the acks stay held meanwhile (the upstream keeps its copies).
 """
 
@@ -42,7 +42,7 @@ __all__ = ["AckSyncer", "ACK_SYNC_S", "FORWARD_SYNC_S", "HELD_SYNC_NOW"]
 ACK_SYNC_S = 0.1
 #: Seconds held ForwardAcks wait before their fsync, so that the forwards arriving
 #: meanwhile share it (a group commit off the sender's receipt path).
-FORWARD_SYNC_S = 0.01
+FORWARD_SYNC_S = 0.002
 #: Held ForwardAcks (message ids) from which the sync runs at once, without the wait.
 HELD_SYNC_NOW = 256
 
