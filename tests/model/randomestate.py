@@ -121,3 +121,43 @@ def live_counts(live: LiveEstate):
         if site._active:
             c.interest[name] = len(site._active)
     return c
+
+
+def union_case(cases: list[Case]) -> tuple[Case, list[tuple[str, ...]]]:
+    """Several cases side by side as one estate with no link between them: case ``k``'s
+    broker ``b`` becomes ``c{k}{b}``.  Nothing can cross from one part to another, so
+    each part's figures are its own case's; one Spark run then checks several cases
+    (a run costs a few Spark jobs per hop, whatever the estate's size).  Returns the
+    union and each part's broker ids.  A destination or filter naming a broker's own
+    queue (``Store.{broker}.``, ``relativestate``) is renamed with the broker."""
+    brokers: list[str] = []
+    links: list[Link] = []
+    tree: dict = {}
+    accepting: set[str] = set()
+    consumers: list[tuple[str, str]] = []
+    parts = []
+    for k, case in enumerate(cases):
+        name = {b: f"c{k}{b}" for b in case.estate.brokers}
+        parts.append(tuple(name.values()))
+        brokers += name.values()
+        links += [Link(name[l.dialer], name[l.acceptor], _renamed(l.settings, name))
+                  for l in case.estate.links]
+        tree.update({name[b]: t for b, t in case.estate.tree.items()})
+        accepting |= {name[b] for b in case.estate.accepts_children}
+        consumers += [(name[b], _own(d, name)) for b, d in case.consumers]
+    return Case(Estate(tuple(brokers), tuple(links), tree, frozenset(accepting)),
+                consumers), parts
+
+
+def _own(text: str, name: dict) -> str:
+    for old, new in name.items():
+        text = text.replace(f"Store.{old}.", f"Store.{new}.")
+    return text
+
+
+def _renamed(settings, name: dict):
+    from dataclasses import replace
+
+    return replace(settings, **{key: tuple(_own(t, name) for t in getattr(settings, key))
+                                for key in ("dynamically_included", "excluded",
+                                            "statically_included")})
