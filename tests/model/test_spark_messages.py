@@ -174,12 +174,14 @@ def _sends(draw, brokers):
 BATCH = 5
 
 
+# meshes one case per run: the cells refuse more random meshes (round robin, topic
+# copies meeting), and a refused union costs its partial run plus every case alone
 @pytest.mark.slow
-@settings(max_examples=2, deadline=None, suppress_health_check=[
+@settings(max_examples=6, deadline=None, suppress_health_check=[
     HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
-@given(st.lists(mesh_cases(), min_size=BATCH, max_size=BATCH), st.data())
-def test_random_meshes_equal_the_exact_walk(spark, cases, data):
-    _compare_random_batch(spark, cases, data.draw)
+@given(mesh_cases(), st.data())
+def test_random_meshes_equal_the_exact_walk(spark, case, data):
+    assume(_compare_random(spark, case, _sends(data.draw, case.estate.brokers)))
 
 
 @pytest.mark.slow
