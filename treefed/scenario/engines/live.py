@@ -143,21 +143,11 @@ class App:
             self._direct = framed
             early, self._out = self._out, []
             framed.send_now(early)
-            self._handle(first[1:])
-            try:
-                while True:
-                    self._handle(await framed.receive_frames())
-            except _GONE:
-                pass   # the broker went away (stopped, killed): so does its application
+            await self._read(framed, first[1:])
             return
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._writer, framed)
-            self._handle(first[1:])
-            try:
-                while True:
-                    self._handle(await framed.receive_frames())
-            except _GONE:
-                pass   # the broker went away (stopped, killed): so does its application
+            await self._read(framed, first[1:])
             nursery.cancel_scope.cancel()
 
     def _handle(self, frames: list) -> None:
@@ -173,6 +163,15 @@ class App:
             if direct is None or not direct.send_now(acks):
                 self._out += acks
                 self._wake.set()
+
+    async def _read(self, framed, frames: list) -> None:
+        """Handle ``frames``, then every frame the broker sends until it goes away."""
+        self._handle(frames)
+        try:
+            while True:
+                self._handle(await framed.receive_frames())
+        except _GONE:
+            pass   # the broker went away (stopped, killed): so does its application
 
     async def _writer(self, framed: FramedStream) -> None:
         try:
