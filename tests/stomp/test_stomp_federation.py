@@ -16,6 +16,12 @@ from tests.node.helpers import BrokerProcess
 from tests.stomp.helpers import Client, start_stomp_node, stomp_doc, wait_for
 
 
+def _settled(node, dst: str) -> bool:
+    """Nothing pending or in flight for ``dst`` at ``node`` now."""
+    figures = node.site.broker.statistics()["destinations"][dst]
+    return figures["inflight"] == 0 and figures["depth"] == 0
+
+
 def _fast(uri: str, scheme: str = "failover") -> str:
     return f"{scheme}:({uri})?initialReconnectDelay=20&maxReconnectDelay=100"
 
@@ -50,9 +56,9 @@ class TestThroughTheTree:
                 "EAN 123: 1.99", "123", "/queue/Store.s1.Prices")
             await till.call(till.conn.ack, m.headers["ack"], receipt="ra")
             await till.receipt("ra")
-            for node in (hq, store):
-                dst = node.site.broker.statistics()["destinations"]["queue://Store.s1.Prices"]
-                await wait_for(lambda: dst["inflight"] == 0 and dst["depth"] == 0)
+            for node in (hq, store):   # a fresh snapshot each poll: HQ settles when the
+                #                          store's ForwardAck arrives, after the receipt
+                await wait_for(lambda node=node: _settled(node, "queue://Store.s1.Prices"))
             await till.disconnect()
 
 
