@@ -383,23 +383,9 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
     return _assemble(spark, table, info, roles, summaries, cached)
 
 
-def _fact_rows(table, batch_rows: int = 65536):
-    """The fact table's rows as tuples (tag, run, broker, a, b, ts, code, n), converted
-    one batch at a time, run and broker ids shared (one str per distinct id): the
-    driver's Python holds one batch of Python objects, not every column of every row,
-    and what _assemble keeps refers to one copy of each id."""
-    shared: dict[str, str] = {}
-    names = ("tag", "run", "broker", "a", "b", "ts", "code", "n")
-    for batch in table.select(list(names)).to_batches(max_chunksize=batch_rows):
-        cols = [batch.column(k).to_pylist() for k in range(len(names))]
-        for k in (1, 2):
-            cols[k] = [None if v is None else shared.setdefault(v, v) for v in cols[k]]
-        yield from zip(*cols)
-        del cols
-
-
 def _assemble(spark: SparkSession, table, info: dict, roles: dict, summaries: list[dict],
               cached: list[DataFrame]) -> PassTables:
+    cols = {name: table.column(name).to_pylist() for name in table.column_names}
     lines: dict[str, list[int]] = {}
     brokers: dict[tuple[str, str], dict] = {}
     held: dict[tuple[str, str], dict[float, int]] = defaultdict(lambda: defaultdict(int))
@@ -413,7 +399,9 @@ def _assemble(spark: SparkSession, table, info: dict, roles: dict, summaries: li
     links: dict[str, list[tuple[str, float]]] = defaultdict(list)
     names = ("bad_lines", "finished") + _COUNTS     # the code's bits, from 1 up
     bits = [(1 << k, name) for k, name in enumerate(names[2:], start=3)]
-    for tag, run, broker, a, b, ts, code, n in _fact_rows(table):
+    for tag, run, broker, a, b, ts, code, n in zip(
+            cols["tag"], cols["run"], cols["broker"], cols["a"], cols["b"], cols["ts"],
+            cols["code"], cols["n"]):
         total = lines.get(run)     # every row: the line's P counts
         if total is None:
             total = lines[run] = [0, 0, 0]
