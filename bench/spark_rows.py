@@ -1,6 +1,6 @@
 """Spark job rows/s: the two-pass plan (analysis/passes.py) against the stage plan, same runs.
 
-``python bench/spark_rows.py [--rounds N] [--driver-memory 1g] [--against CHECKOUT] RUN_DIR...``
+``python bench/spark_rows.py [--rounds N] [--driver-memory 1g] RUN_DIR...``
 
 The run directories come from the scenario runner (``treefed compare --no-report
 --no-model --out DIR sweep-size-4x0100 ...`` writes them with Parquet parts).  Runs
@@ -11,10 +11,6 @@ Spark jobs and stages, the driver JVM's CPU seconds (load does not inflate it: w
 local master it is all of Spark's work; on 2 cores the quiet rows/s is at most
 2 x rows / CPU s).  Each round's runs.csv and per_role.csv are compared byte for byte
 with the first stage-plan round's.
-
-``--against CHECKOUT`` (another clone of the repository, e.g. the base commit): the
-baseline ("old") is that checkout's default plan instead of ``--legacy-plan``, and the
-rounds go A B B A (old new new old ...) so a drift in the machine's load hits both alike.
 
 Prints ONE JSON line: {"bench": "spark_rows", "rows": n, "rounds": [...],
 "old"/"new": {"median_job_s", "median_rows_per_s", "median_cpu_s", "rows_per_cpu_s",
@@ -39,16 +35,12 @@ FIGURES = re.compile(r"([\d,]+) lines: job ([\d.]+) s .*Spark start ([\d.]+) s, 
                      r"(\d+) Spark jobs, (\d+) stages(?:, driver JVM CPU ([\d.]+) s)?")
 
 
-def one(runs: list[Path], out: Path, driver_memory: str, legacy: bool,
-        against: Path | None = None) -> dict:
-    root = against if legacy and against is not None else ROOT
+def one(runs: list[Path], out: Path, driver_memory: str, legacy: bool) -> dict:
     cmd = [sys.executable, "-m", "treefed.cli", "report", *map(str, runs), "--out", str(out),
-           "--driver-memory", driver_memory]
-    if legacy and against is None:
-        cmd.append("--legacy-plan")
-    env = {**os.environ, "PYTHONPATH": str(root)}
+           "--driver-memory", driver_memory] + (["--legacy-plan"] if legacy else [])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     load = os.getloadavg()[0]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(root))
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(ROOT))
     found = FIGURES.search(done.stdout)
     if done.returncode != 0 or not found:
         raise SystemExit(f"report failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -65,17 +57,14 @@ def main() -> int:
     p.add_argument("runs", nargs="+", type=Path)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--driver-memory", default="1g")
-    p.add_argument("--against", type=Path, default=None,
-                   help="baseline: this checkout's default plan (not --legacy-plan)")
     args = p.parse_args()
     load = os.getloadavg()
     rounds, first, identical = [], None, True
     with tempfile.TemporaryDirectory(prefix="spark-rows-") as tmp:
         for n in range(args.rounds):
-            order = (True, False) if n % 2 == 0 or args.against is None else (False, True)
-            for legacy in order:
+            for legacy in (True, False):
                 out = Path(tmp) / f"report-{'old' if legacy else 'new'}-{n}"
-                rounds.append(one(args.runs, out, args.driver_memory, legacy, args.against))
+                rounds.append(one(args.runs, out, args.driver_memory, legacy))
                 print(json.dumps(rounds[-1]), file=sys.stderr, flush=True)
                 tables = tuple((out / f).read_bytes() for f in ("runs.csv", "per_role.csv"))
                 if first is None:

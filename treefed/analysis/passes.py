@@ -16,28 +16,22 @@ results on the driver:
    resolved on the driver with the same regex job.interest builds.
 2. ``facts`` -- one aggregation over every row.  Each row is joined (broadcast: the
    dimension tables are small) with its broker's interest and role and its origin's role,
-   and becomes ONE fact row -- no explode -- counted by (tag, run, broker, code, a, b, ts):
-   ``code`` is the bit set of job.broker_metrics' per-broker counts the line adds to
-   (advisory frames/receipts/spill split, demand created/wasted, deliveries, stranded,
-   bad, finished); the few events the time-window and delivery metrics read carry their
-   own key in the same row, the others leave a, b, ts null so they collapse to one row
-   per (run, broker, code):
+   then exploded into one to three tagged rows and summed by tag and key:
 
-   ``P``                      every other line: its counts only
-   ``C`` (consumer, ts)       demand created: +1 held at the broker at ts (max_demand,
-                              recovery), the consumer's demand time (convergence)
-   ``T`` (ts)                 demand removed: -1 held at the broker at ts
-   ``S`` (ts)                 advisory frames sent: recovery_frames
-   ``M`` (copy, msg)          deliveries: delivered copies, duplicates, extra_hops
-   ``F`` (peer, msg)          forwards in tree-mode runs: extra_hops
-   ``A`` (consumer, ts)       consumer adds: convergence
-   ``L`` (event, ts)          link downs/ups: fault events
+   ``P`` (run, broker)        lines, bad lines, finished, and every per-broker count of
+                              job.broker_metrics (advisory frames/receipts/spill split,
+                              demand created/wasted, deliveries, stranded)
+   ``T`` (run, broker, ts)    demand created minus removed: max_demand, recovery
+   ``C`` (run, consumer, ts)  demand created for a consumer: convergence
+   ``S`` (run, ts)            advisory frames sent: recovery_frames
+   ``M`` (run, broker, copy, msg)  deliveries: delivered copies, duplicates, extra_hops
+   ``F`` (run, broker, peer, msg)  forwards in tree-mode runs: extra_hops
+   ``A`` (run, consumer, ts)  consumer adds: convergence
+   ``L`` (run, event, ts)     link downs/ups: fault events
 
    With the replay engine's virtual clock a run has a handful of distinct ``ts``, so the
    result is a few rows per broker and per consumer plus one per delivery -- small next
    to the advisories (~2 % of the rows at 4 x 100 TTL 2); it is collected once (Arrow).
-   (The first version exploded each line into one to three tagged rows and summed those:
-   building the arrays of structs cost ~3x the CPU of the whole aggregation.)
 
 3. On the driver, in plain Python over those rows: per-broker and per-role tables, the
    time-window metrics (convergence, recovery, recovery frames: a walk over a few sorted
@@ -141,6 +135,19 @@ def dimensions(events: DataFrame) -> DataFrame:
 
 # ----------------------------------------------------------------------------- pass 2
 
+def _fact(tag: str, broker: Column | None = None, a: Column | None = None,
+          b: Column | None = None, ts: Column | None = None, net: int | Column = 1,
+          code: Column | None = None) -> Column:
+    none = F.lit(None).cast("string")
+    return F.struct(F.lit(tag).alias("tag"),
+                    (F.lit(0) if code is None else code).alias("code"),
+                    (none if broker is None else broker).alias("broker"),
+                    (none if a is None else a).alias("a"),
+                    (none if b is None else b).alias("b"),
+                    (F.lit(None).cast("double") if ts is None else ts).alias("ts"),
+                    (F.lit(net) if isinstance(net, int) else net).cast("long").alias("net"))
+
+
 def facts(raw: DataFrame, interest: DataFrame, roles: DataFrame,
           tree_runs: list[str]) -> DataFrame:
     """The tagged sums of the module doc from every read line (corrupt ones included:
@@ -201,34 +208,27 @@ def facts(raw: DataFrame, interest: DataFrame, roles: DataFrame,
     code = sum((F.coalesce(c.cast("int"), F.lit(0)) * (1 << k)
                 for k, c in enumerate(counts.values())
                 if k > 0), F.lit(0))
-    # One fact row per line, no explode: the line's P key (run, broker, code) plus, for
-    # the few events the time-window and delivery metrics read, the tag and key of
-    # that fact in the same row (a, b, ts null for the others, so those collapse).
+    p = _fact("P", F.when(ok & ~F.col("event").startswith("run."), F.col("broker")),
+              code=code)
     in_tree = F.col("run").isin(*tree_runs) if tree_runs else F.lit(False)
-    tag = (F.when(F.col("bad"), "P")
-           .when(F.col("created"), "C")
-           .when(_is("demand.removed"), "T")
-           .when(_is("advisory.sent"), "S")
-           .when(_is("message.delivered"), "M")
-           .when(_is("message.forwarded") & in_tree, "F")
-           .when(_is("consumer.added"), "A")
-           .when(_is("link.down", "link.up"), "L")
-           .otherwise("P"))
-    keyed = rows.select("run", "ts", "broker", "event", "consumer", "dst", "msg", "peer",
-                        "bad", tag.alias("tag"), code.alias("code"))
-    t = F.col("tag")
-    a = (F.when(t == "C", F.col("consumer")).when(t == "M", copy)
-         .when(t == "F", F.col("peer")).when(t == "A", qualified)
-         .when(t == "L", F.col("event")))
-    b = F.when(t.isin("M", "F"), F.col("msg"))
-    facts_ = keyed.select(
-        "tag", "run",
-        F.when(~F.col("bad") & ~F.col("event").startswith("run."),
-               F.col("broker")).alias("broker"),
-        a.alias("a"), b.alias("b"),
-        F.when(t.isin("C", "T", "S", "A", "L"), F.col("ts")).alias("ts"), "code")
-    return facts_.groupBy("tag", "run", "broker", "a", "b", "ts", "code").agg(
-        F.count(F.lit(1)).alias("n"))
+    tagged = (F.when(F.col("bad"), F.array(p))
+              .when(F.col("created"), F.array(
+                  p, _fact("T", F.col("broker"), ts=F.col("ts")),
+                  _fact("C", a=F.col("consumer"), ts=F.col("ts"))))
+              .when(_is("demand.removed"),
+                    F.array(p, _fact("T", F.col("broker"), ts=F.col("ts"), net=-1)))
+              .when(_is("advisory.sent"), F.array(p, _fact("S", ts=F.col("ts"))))
+              .when(_is("message.delivered"),
+                    F.array(p, _fact("M", F.col("broker"), copy, F.col("msg"))))
+              .when(_is("message.forwarded") & in_tree,
+                    F.array(p, _fact("F", F.col("broker"), F.col("peer"), F.col("msg"))))
+              .when(_is("consumer.added"), F.array(p, _fact("A", a=qualified, ts=F.col("ts"))))
+              .when(_is("link.down", "link.up"),
+                    F.array(p, _fact("L", a=F.col("event"), ts=F.col("ts"))))
+              .otherwise(F.array(p)))
+    exploded = rows.select(F.col("run"), F.inline(tagged))
+    return exploded.groupBy("tag", "run", "broker", "a", "b", "ts", "code").agg(
+        F.sum("net").alias("n"))
 
 
 # ----------------------------------------------------------------------------- driver side
@@ -398,37 +398,28 @@ def _assemble(spark: SparkSession, table, info: dict, roles: dict, summaries: li
     adds: dict[tuple[str, str], list[float]] = defaultdict(list)
     links: dict[str, list[tuple[str, float]]] = defaultdict(list)
     names = ("bad_lines", "finished") + _COUNTS     # the code's bits, from 1 up
-    bits = [(1 << k, name) for k, name in enumerate(names[2:], start=3)]
     for tag, run, broker, a, b, ts, code, n in zip(
             cols["tag"], cols["run"], cols["broker"], cols["a"], cols["b"], cols["ts"],
             cols["code"], cols["n"]):
-        total = lines.get(run)     # every row: the line's P counts
-        if total is None:
-            total = lines[run] = [0, 0, 0]
-        total[0] += n
-        if code:
+        if tag == "P":
+            total = lines.setdefault(run, [0, 0, 0])
+            total[0] += n
             total[1] += n if code & 2 else 0
             total[2] += n if code & 4 else 0
-        if broker is not None:
-            m = brokers.get((run, broker))
-            if m is None:
-                m = brokers[(run, broker)] = dict.fromkeys(_COUNTS, 0)
-            if code:
-                for k, name in bits:
-                    if code & k:
+            if broker is not None:
+                m = brokers.get((run, broker))
+                if m is None:
+                    m = brokers[(run, broker)] = dict.fromkeys(_COUNTS, 0)
+                for k, name in enumerate(names[2:], start=3):
+                    if code & (1 << k):
                         m[name] += n
-        if tag == "P":
-            continue
-        if tag == "C":        # demand created: +1 held at the broker, the consumer's time
+        elif tag == "T":
             held[(run, broker)][ts] += n
             if ts is not None:
                 demand_ts[run].add(ts)
-                if a is not None:
-                    demanded[(run, a)].add(ts)
-        elif tag == "T":      # demand removed
-            held[(run, broker)][ts] -= n
-            if ts is not None:
-                demand_ts[run].add(ts)
+        elif tag == "C":
+            if a is not None and ts is not None:
+                demanded[(run, a)].add(ts)
         elif tag == "S":
             if ts is not None:
                 sent[run][ts] += n
