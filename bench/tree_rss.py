@@ -1,14 +1,20 @@
 """Peak memory of a whole process tree: ``python bench/tree_rss.py [--every S] -- CMD ...``.
 
-Runs CMD and samples, every ``--every`` seconds (default 0.5), the resident set size of
-CMD and all its descendants from /proc (the Spark JVM and any child Python included;
-psutil is not needed).  At the end prints ONE JSON line:
+Runs CMD and samples, every ``--every`` seconds (default 0.5), the memory of CMD and all
+its descendants from /proc (the Spark JVM and any child Python included; psutil is not
+needed).  At the end prints ONE JSON line:
 
   {"bench": "tree_rss", "cmd": [...], "rc": 0, "wall_s": ..., "peak_mib": ...,
-   "peak_at_s": ..., "peak_processes": [[pid, "comm", mib], ...], "load": [1, 5, 15]}
+   "peak_rss_sum_mib": ..., "peak_at_s": ..., "peak_processes": [[pid, "comm", mib], ...],
+   "load": [1, 5, 15]}
 
-``peak_processes`` is the tree at the peak sample, largest first: where the memory is.
-CMD's own output goes through unchanged.  Used for issue 13's "make run <= 2 GiB".
+``peak_mib`` is the largest sum over the tree of each process's proportional set size
+(``Pss`` of /proc/PID/smaps_rollup): a page shared by k processes counts 1/k in each, so
+the sum is the memory the tree holds.  A plain sum of resident set sizes counts shared
+pages once per process -- a JVM that forks a helper before exec appears twice -- so it
+overstates; it is given beside (``peak_rss_sum_mib``, at the same sample) for comparison.
+``peak_processes`` is the tree at the peak sample (PSS), largest first: where the memory
+is.  CMD's own output goes through unchanged.  Used for issue 13's "make run <= 2 GiB".
 """
 
 from __future__ import annotations
@@ -23,8 +29,20 @@ import time
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def tree(root: int) -> list[tuple[int, str, int]]:
-    """(pid, comm, resident bytes) of ``root`` and every descendant."""
+def pss(pid: int) -> int | None:
+    """Proportional set size of ``pid`` in bytes, or None when it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def tree(root: int) -> list[tuple[int, str, int, int]]:
+    """(pid, comm, resident bytes, proportional bytes) of ``root`` and every descendant."""
     children: dict[int, list[int]] = {}
     names: dict[int, str] = {}
     for entry in os.listdir("/proc"):
@@ -45,9 +63,12 @@ def tree(root: int) -> list[tuple[int, str, int]]:
         todo += children.get(pid, [])
         try:
             with open(f"/proc/{pid}/statm") as fh:
-                out.append((pid, names.get(pid, "?"), int(fh.read().split()[1]) * PAGE))
+                rss = int(fh.read().split()[1]) * PAGE
         except OSError:
-            pass
+            continue
+        proportional = pss(pid)
+        if proportional is not None:
+            out.append((pid, names.get(pid, "?"), rss, proportional))
     return out
 
 
@@ -62,15 +83,16 @@ def main(argv: list[str]) -> int:
         return 2
     started = time.perf_counter()
     proc = subprocess.Popen(argv)
-    peak: list = [0, 0.0, []]
+    peak: list = [0, 0.0, [], 0]
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
             now = tree(proc.pid)
-            total = sum(b for _, _, b in now)
+            total = sum(p for _, _, _, p in now)
             if total > peak[0]:
-                peak[:] = [total, time.perf_counter() - started, now]
+                peak[:] = [total, time.perf_counter() - started, now,
+                           sum(r for _, _, r, _ in now)]
             done.wait(every)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -81,9 +103,10 @@ def main(argv: list[str]) -> int:
     print(json.dumps({
         "bench": "tree_rss", "cmd": argv, "rc": rc,
         "wall_s": round(time.perf_counter() - started, 1),
-        "peak_mib": round(peak[0] / 2**20, 1), "peak_at_s": round(peak[1], 1),
+        "peak_mib": round(peak[0] / 2**20, 1),
+        "peak_rss_sum_mib": round(peak[3] / 2**20, 1), "peak_at_s": round(peak[1], 1),
         "peak_processes": [[p, n, round(b / 2**20, 1)]
-                           for p, n, b in sorted(peak[2], key=lambda x: -x[2])],
+                           for p, n, _, b in sorted(peak[2], key=lambda x: -x[3])],
         "load": os.getloadavg()}), flush=True)
     return rc
 
