@@ -58,6 +58,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(1, str(REPO / "bench"))
 
 import disk_floor  # noqa: E402  (bench/disk_floor.py)
+import pacing  # noqa: E402  (bench/pacing.py: even gaps, not trio's 1 ms timer)
 
 BODY = b"x" * 100
 DEST = "queue://Store1.Incoming"
@@ -284,9 +285,9 @@ async def relay_round(ctx: mp.context.BaseContext, count: int, lat_count: int) -
         async with trio.open_nursery() as nursery:
             nursery.start_soon(consume)
             if rate:
-                t0 = trio.current_time()
+                t0 = time.monotonic()   # pacing's clock
                 for i in range(n):
-                    await trio.sleep_until(t0 + i / rate)
+                    await pacing.sleep_until(t0 + i / rate)
                     await producer.send_frames([Send(DEST, f"r{i}", {"t": time.monotonic()},
                                                      BODY)])
             else:
@@ -355,10 +356,10 @@ async def _phase(chain: Chain, prod, sub, n: int, kind: str, tag: str) -> dict:
     start = time.monotonic()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(consume)
-        t0 = trio.current_time()
+        t0 = time.monotonic()   # pacing's clock
         for i in range(n):
             if rate:
-                await trio.sleep_until(t0 + i / rate)
+                await pacing.sleep_until(t0 + i / rate)
             headers = {"ph": tag, "t": time.monotonic()}
             if kind in ("p_sync", "lat_p"):
                 a = time.monotonic()
