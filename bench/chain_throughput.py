@@ -267,6 +267,8 @@ async def relay_round(ctx: mp.context.BaseContext, count: int, lat_count: int) -
         first = relay.start_before(mid)
         await trio.sleep(0.3)
         producer = FramedStream(await trio.open_tcp_stream("127.0.0.1", first))
+        if rate:
+            pacing.settle_heap()   # the driver's collector: only what the phase makes
         cpu0 = relay.cpu()
         lat: list[float] = []
         ends: list[float] = []
@@ -352,6 +354,8 @@ async def _phase(chain: Chain, prod, sub, n: int, kind: str, tag: str) -> dict:
         end[0] = time.monotonic()
         done.set()
 
+    if rate:
+        pacing.settle_heap()   # the driver keeps every earlier phase: not walked again
     cpu0 = chain.cpu()
     start = time.monotonic()
     async with trio.open_nursery() as nursery:

@@ -12,17 +12,25 @@ latency tail measured the bench's bursts.  ActiveMQ's harness paces with
 ``Pacer.sleep_until`` arms a timerfd (absolute CLOCK_MONOTONIC, the clock of
 ``time.monotonic()``) and waits for it to become readable in trio's own loop: no thread,
 no spinning.  Where timerfd is missing (not Linux) it falls back to ``trio.sleep_until``.
+
+``settle_heap`` -- a latency phase's client process (producer, consumer, the chain
+bench's driver) collects once and freezes what it holds before the phase: its own
+collector then walks only what the phase makes.  Without it the chain driver, which
+keeps every earlier phase's results, ran an 11 ms full collection in the middle of a
+latency phase (issue #14, 14g's traces), and a fresh client's first older-generation
+passes (~0.5 ms) walked its start-up objects.  The collector stays on.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import time
 
 import trio
 
-__all__ = ["Pacer", "sleep_until"]
+__all__ = ["Pacer", "settle_heap", "sleep_until"]
 
 _CLOCK_MONOTONIC = 1
 _TFD_TIMER_ABSTIME = 1
@@ -95,3 +103,9 @@ async def sleep_until(deadline: float) -> None:
     if _PACER is None:
         _PACER = Pacer()
     await _PACER.sleep_until(deadline)
+
+
+def settle_heap() -> None:
+    """Collect, then freeze everything alive (see the module doc)."""
+    gc.collect()
+    gc.freeze()
