@@ -54,6 +54,7 @@ import tempfile
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -86,7 +87,7 @@ def _broker_proc(data_dir: str, ready: mp.Queue, ctl: Connection) -> None:
 
     from treefed.config import parse_config
     from treefed.log import configure_logging
-    from treefed.node import BrokerNode
+    from treefed.node import BrokerNode, gcwatch
     from treefed.persistence import SqliteStore
 
     configure_logging("warning")
@@ -100,12 +101,16 @@ def _broker_proc(data_dir: str, ready: mp.Queue, ctl: Connection) -> None:
         node = BrokerNode(config, store=store)
         async with trio.open_nursery() as nursery:
             addresses = await nursery.start(node.serve)
+            # as the broker process does once it serves (node/run.py, node/gcwatch.py)
+            gcwatch.freeze_start_up()
+            gcwatch.watch()
             ready.put(addresses[0][1])
             while True:
                 await trio.lowlevel.wait_readable(ctl.fileno())
-                if ctl.recv() is None:
+                request = ctl.recv()
+                if request is None:
                     break
-                ctl.send(_cpu())
+                ctl.send(gcwatch.statistics() if request == "gc" else _cpu())
             nursery.cancel_scope.cancel()
 
     trio.run(serve)
@@ -320,7 +325,14 @@ class BrokerUnderTest:
         self.uri = f"tcp://127.0.0.1:{self.ready.get(timeout=60)}"
 
     def cpu(self) -> float:
-        self.ctl.send("cpu")
+        return self._ask("cpu")
+
+    def gc(self) -> dict:
+        """The broker's collector (node/gcwatch.py): passes per generation, pauses."""
+        return self._ask("gc")
+
+    def _ask(self, what: str) -> Any:
+        self.ctl.send(what)
         if not self.ctl.poll(30):
             raise TimeoutError("the broker under test did not answer")
         return self.ctl.recv()
@@ -420,7 +432,9 @@ def main(argv: list[str] | None = None) -> int:
             sp = run_sync_phase(ctx, broker, args.sync_count)
             lone = run_lone_phase(ctx, broker, args.sync_count)
             floors.append(disk_floor.measure(data_dir, floor_n))
+            gc0 = broker.gc()
             lp = run_broker_phase(ctx, broker, lat_count, rate=1000.0)
+            gc1 = broker.gc()
         finally:
             broker.close()
     relay_p50, relay_p99 = _quantiles_ms(run_relay(ctx, lat_count, rate=1000.0)["latency"])
@@ -470,6 +484,12 @@ def main(argv: list[str] | None = None) -> int:
         "activemq_single_p_sync_msgs_per_s": ACTIVEMQ_SINGLE_P_SYNC,
         "p50_ms_at_1000": p50,
         "p99_ms_at_1000": p99,
+        # the broker's GC passes per 1,000 messages of the latency phase, per generation,
+        # and its longest pause per generation over the whole run (counts: load-proof)
+        "broker_gc_passes_per_1000_at_1000": [
+            round((b - a) / lat_count * 1000, 2)
+            for a, b in zip(gc0["passes"], gc1["passes"])],
+        "broker_gc_pause_max_ms": gc1["pause_max_ms"],
         "baseline_p50_ms_at_1000": relay_p50,
         "baseline_p99_ms_at_1000": relay_p99,
         "relay_cpu_us_per_msg": round(relay_cpu, 2),

@@ -329,6 +329,32 @@ async def _wait_serving(uri: str, timeout: float = 30.0) -> None:
             await trio.sleep(0.1)
 
 
+async def _gc_figures(chain: Chain) -> dict:
+    """Each broker's collector (``stat``'s ``gc``, node/gcwatch.py; None before it)."""
+    from treefed.client import connect
+
+    out = {}
+    for name in Chain.NAMES:
+        async with connect(chain.uri(name), client_id="bench-gc") as conn:
+            out[name] = (await conn.stat("summary")).get("gc")
+    return out
+
+
+def _gc_per_1000(before: dict, after: dict, n: int) -> dict:
+    """Per broker: GC passes per 1,000 messages of the phase, per generation, and the
+    longest pause per generation since the broker started (counts: load-proof)."""
+    out = {}
+    for name, a in after.items():
+        b = before.get(name)
+        if a is None or b is None or "passes" not in a:
+            out[name] = None
+            continue
+        out[name] = {"passes_per_1000": [round((y - x) / n * 1000, 2)
+                                         for x, y in zip(b["passes"], a["passes"])],
+                     "pause_max_ms": a["pause_max_ms"]}
+    return out
+
+
 async def _phase(chain: Chain, prod, sub, n: int, kind: str, tag: str) -> dict:
     """One phase: ``kind`` is np | p_pipe | p_sync | lat | lat_p."""
     import trio
@@ -428,7 +454,10 @@ async def chain_round(root: Path, mode: str, args: argparse.Namespace, rnd: int)
             for kind, n in (("np", args.count), ("p_pipe", args.count),
                             ("p_sync", args.sync_count), ("lat", args.latency_count),
                             ("lat_p", args.latency_count)):
+                gc0 = await _gc_figures(chain) if kind == "lat" else None
                 out[kind] = await _phase(chain, prod, sub, n, kind, f"{kind}{rnd}")
+                if gc0 is not None:
+                    out[kind]["gc"] = _gc_per_1000(gc0, await _gc_figures(chain), n)
                 await trio.sleep(0.5)
         out["rss_after_mib"] = chain.rss()
         await trio.sleep(2 * IDLE_TRIM_S + 1.5)   # a trim comes 1-2 intervals after the last batch

@@ -30,9 +30,11 @@ async def test_the_broker_process_freezes_its_start_up_and_shows_its_gc(tmp_path
         # the imports, config and listeners: tens of thousands of objects
         assert figures["frozen"] > 10_000, figures
         assert figures["threshold"][0] == GC_YOUNG_THRESHOLD
-        # the freeze's own full collection was counted by the watch, installed first
-        assert figures["passes"][2] >= 1 and figures["pause_max_ms"][2] > 0
-        assert figures["collections"][2] >= figures["passes"][2]
+        # the watch is installed after the freeze: it counts the passes while serving
+        # (the freeze's own full collection is in ``collections`` only)
+        assert figures["collections"][2] >= 1
+        assert figures["passes"][2] <= figures["collections"][2] - 1
+        assert len(figures["pause_max_ms"]) == len(figures["pause_total_ms"]) == 3
     finally:
         proc.cleanup()
 

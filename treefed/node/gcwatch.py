@@ -29,7 +29,8 @@ collected -- a one-time, bounded amount (the collection before the freeze takes 
 start-up's own garbage).
 
 ``GcWatch`` -- ``gc.callbacks`` counting the passes per generation, their total and
-longest pause (installed by the broker process only; a callback costs ~1 µs per pass).
+longest pause (installed by the broker process only, after the freeze: the passes while
+it serves; a callback costs ~1 µs per pass).
 ``statistics()`` -- the process's collector in the broker's ``stat`` reply (``gc``):
 thresholds, frozen objects, passes per generation, and the watch's pauses when one is
 installed.

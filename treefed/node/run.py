@@ -51,8 +51,8 @@ async def serve_until_signal(node: BrokerNode,
     with trio.open_signal_receiver(*signals, signal.SIGHUP) as received:
         async with trio.open_nursery() as nursery:
             await nursery.start(node.serve)
-            gcwatch.watch()             # GC passes and pauses in ``stat`` (issue #14)
             gcwatch.freeze_start_up()   # no GC pass walks the start-up again (gcwatch.py)
+            gcwatch.watch()             # GC passes and pauses while serving, in ``stat``
             nursery.start_soon(trim_when_idle, node)   # idle RSS (issue #14)
             async for signum in received:
                 node.log.info("broker.signal", signal=signal.Signals(signum).name)
