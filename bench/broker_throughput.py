@@ -27,7 +27,9 @@ What it measures (one JSON line on stdout):
   ``persistent_sync_*_over_sqlite_floor`` is the one-at-a-time rate over that cap.
 * ``p50_ms_at_1000`` / ``p99_ms_at_1000`` — one-way latency of non-persistent messages
   offered at 1,000 msgs/s (producer send time in a header; CLOCK_MONOTONIC is shared
-  by the processes), next to the bare relay's at the same rate.
+  by the processes; evenly paced, bench/pacing.py), next to the bare relay's at the same
+  rate; ``broker_gc_passes_per_1000_at_1000`` / ``broker_gc_pause_max_ms``: the broker's
+  GC passes per generation during that phase and its longest pauses (node/gcwatch.py).
 * ``*_cpu_us_per_msg`` — CPU time of the middle process per message.  When other work
   shares the CPUs the rates drop, but CPU per message barely moves.
 

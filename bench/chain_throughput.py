@@ -10,8 +10,10 @@ store (prefetch 1000, one ack per message, merged by the client):
 * ``p_pipe`` — persistent, pipelined (``confirm=False`` then ``wait_confirmed``);
 * ``p_sync`` — persistent, ONE AT A TIME: each ``send`` waits for HQ's receipt (the JMS
   default), with the round trip's p50/p99 and the end-to-end p50/p99;
-* ``lat`` — non-persistent one-way latency at a fixed 1,000 msgs/s (open loop), and the
-  same for ``lat_p`` with one-at-a-time persistent sends paced at 1,000 msgs/s;
+* ``lat`` — non-persistent one-way latency at a fixed 1,000 msgs/s (open loop, evenly
+  paced: bench/pacing.py), and the same for ``lat_p`` with one-at-a-time persistent sends
+  paced at 1,000 msgs/s; ``lat.gc``: each broker's GC passes per 1,000 messages of the
+  phase and its longest pauses (``stat``'s ``gc``, node/gcwatch.py);
 * per broker: RSS at idle (once the broker's idle trim ran), right after the run and
   settled (idle again, trimmed) (VmRSS), and CPU µs per message of each phase
   (utime + stime from /proc);
