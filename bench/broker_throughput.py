@@ -27,7 +27,9 @@ What it measures (one JSON line on stdout):
   ``persistent_sync_*_over_sqlite_floor`` is the one-at-a-time rate over that cap.
 * ``p50_ms_at_1000`` / ``p99_ms_at_1000`` — one-way latency of non-persistent messages
   offered at 1,000 msgs/s (producer send time in a header; CLOCK_MONOTONIC is shared
-  by the processes), next to the bare relay's at the same rate.
+  by the processes; evenly paced, bench/pacing.py), next to the bare relay's at the same
+  rate; ``broker_gc_passes_per_1000_at_1000`` / ``broker_gc_pause_max_ms``: the broker's
+  GC passes per generation during that phase and its longest pauses (node/gcwatch.py).
 * ``*_cpu_us_per_msg`` — CPU time of the middle process per message.  When other work
   shares the CPUs the rates drop, but CPU per message barely moves.
 
@@ -47,17 +49,19 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import queue
 import resource
 import statistics
 import sys
 import tempfile
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import disk_floor  # noqa: E402  (bench/disk_floor.py)
+import pacing  # noqa: E402  (bench/pacing.py: even gaps, not trio's 1 ms timer)
 
 BODY = b"x" * 100
 DEST = "queue://bench.throughput"
@@ -74,13 +78,18 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _broker_proc(data_dir: str, ready: mp.Queue, stop: mp.Event, ctl: mp.Queue) -> None:
-    """The broker under test; answers each request on ``ctl`` with its CPU seconds."""
+def _broker_proc(data_dir: str, ready: mp.Queue, ctl: Connection) -> None:
+    """The broker under test; answers each request on ``ctl`` (its end of a Pipe) with
+    its CPU seconds and stops at ``None``.  It waits for ``ctl`` to become readable
+    instead of polling it: a 10 ms poll here woke the broker 100 times a second, and
+    those wake-ups overlapped 4x more of the latency phase's slowest 1 % than of its
+    messages as a whole (issue #14; the real broker, ``treefed broker``, has no such
+    timer)."""
     import trio
 
     from treefed.config import parse_config
     from treefed.log import configure_logging
-    from treefed.node import BrokerNode
+    from treefed.node import BrokerNode, gcwatch
     from treefed.persistence import SqliteStore
 
     configure_logging("warning")
@@ -94,13 +103,16 @@ def _broker_proc(data_dir: str, ready: mp.Queue, stop: mp.Event, ctl: mp.Queue) 
         node = BrokerNode(config, store=store)
         async with trio.open_nursery() as nursery:
             addresses = await nursery.start(node.serve)
+            # as the broker process does once it serves (node/run.py, node/gcwatch.py)
+            gcwatch.freeze_start_up()
+            gcwatch.watch()
             ready.put(addresses[0][1])
-            while not stop.is_set():
-                try:
-                    ctl.get_nowait()
-                    ready.put(_cpu())
-                except queue.Empty:
-                    await trio.sleep(0.01)
+            while True:
+                await trio.lowlevel.wait_readable(ctl.fileno())
+                request = ctl.recv()
+                if request is None:
+                    break
+                ctl.send(gcwatch.statistics() if request == "gc" else _cpu())
             nursery.cancel_scope.cancel()
 
     trio.run(serve)
@@ -139,6 +151,8 @@ def _relay_consumer(port: int, count: int, ready: mp.Queue, result: mp.Queue,
 
     async def consume() -> None:
         stream = FramedStream(await trio.open_tcp_stream("127.0.0.1", port))
+        if latency:
+            pacing.settle_heap()   # its collector walks only what the phase makes
         ready.put("ok")
         cpu = _cpu()
         got = 0
@@ -166,12 +180,14 @@ def _relay_producer(port: int, count: int, rate: float, result: mp.Queue) -> Non
 
     async def produce() -> None:
         stream = FramedStream(await trio.open_tcp_stream("127.0.0.1", port))
+        if rate:
+            pacing.settle_heap()   # its collector walks only what the phase makes
         result.put(("start", time.monotonic()))
         cpu = _cpu()
         if rate:
-            t0 = trio.current_time()
+            t0 = time.monotonic()   # pacing's clock
             for i in range(count):
-                await trio.sleep_until(t0 + i / rate)
+                await pacing.sleep_until(t0 + i / rate)
                 await stream.send_frames([Send(DEST, f"p:{i}", {"t": time.monotonic()},
                                                BODY)])
         else:
@@ -195,6 +211,8 @@ def _consumer(uri: str, count: int, ready: mp.Queue, result: mp.Queue,
     async def consume() -> None:
         async with connect(uri, client_id="bench-consumer") as conn:
             sub = await conn.subscribe(DEST, prefetch=1000)
+            if latency:
+                pacing.settle_heap()   # its collector walks only what the phase makes
             ready.put("ok")
             cpu = _cpu()
             lat: list[float] = []
@@ -242,12 +260,14 @@ def _producer(uri: str, count: int, persistent: bool, rate: float, result: mp.Qu
 
     async def produce() -> None:
         async with connect(uri, client_id="bench-producer") as conn:
+            if rate:
+                pacing.settle_heap()   # its collector walks only what the phase makes
             result.put(("start", time.monotonic()))
             cpu = _cpu()
             if rate:
-                t0 = trio.current_time()
+                t0 = time.monotonic()   # pacing's clock
                 for i in range(count):
-                    await trio.sleep_until(t0 + i / rate)
+                    await pacing.sleep_until(t0 + i / rate)
                     await conn.send(DEST, BODY, headers={"t": time.monotonic()})
             else:
                 for _ in range(count):
@@ -300,18 +320,30 @@ class BrokerUnderTest:
     """The broker process, with its CPU seconds readable between phases."""
 
     def __init__(self, ctx: mp.context.BaseContext, data_dir: str) -> None:
-        self.ready, self.stop, self.ctl = ctx.Queue(), ctx.Event(), ctx.Queue()
-        self.proc = ctx.Process(target=_broker_proc,
-                                args=(data_dir, self.ready, self.stop, self.ctl))
+        self.ready = ctx.Queue()
+        self.ctl, theirs = ctx.Pipe()
+        self.proc = ctx.Process(target=_broker_proc, args=(data_dir, self.ready, theirs))
         self.proc.start()
         self.uri = f"tcp://127.0.0.1:{self.ready.get(timeout=60)}"
 
     def cpu(self) -> float:
-        self.ctl.put("cpu")
-        return self.ready.get(timeout=30)
+        return self._ask("cpu")
+
+    def gc(self) -> dict:
+        """The broker's collector (node/gcwatch.py): passes per generation, pauses."""
+        return self._ask("gc")
+
+    def _ask(self, what: str) -> Any:
+        self.ctl.send(what)
+        if not self.ctl.poll(30):
+            raise TimeoutError("the broker under test did not answer")
+        return self.ctl.recv()
 
     def close(self) -> None:
-        self.stop.set()
+        try:
+            self.ctl.send(None)
+        except OSError:   # already gone
+            pass
         _finish(self.proc)
 
 
@@ -402,7 +434,9 @@ def main(argv: list[str] | None = None) -> int:
             sp = run_sync_phase(ctx, broker, args.sync_count)
             lone = run_lone_phase(ctx, broker, args.sync_count)
             floors.append(disk_floor.measure(data_dir, floor_n))
+            gc0 = broker.gc()
             lp = run_broker_phase(ctx, broker, lat_count, rate=1000.0)
+            gc1 = broker.gc()
         finally:
             broker.close()
     relay_p50, relay_p99 = _quantiles_ms(run_relay(ctx, lat_count, rate=1000.0)["latency"])
@@ -452,6 +486,12 @@ def main(argv: list[str] | None = None) -> int:
         "activemq_single_p_sync_msgs_per_s": ACTIVEMQ_SINGLE_P_SYNC,
         "p50_ms_at_1000": p50,
         "p99_ms_at_1000": p99,
+        # the broker's GC passes per 1,000 messages of the latency phase, per generation,
+        # and its longest pause per generation over the whole run (counts: load-proof)
+        "broker_gc_passes_per_1000_at_1000": [
+            round((b - a) / lat_count * 1000, 2)
+            for a, b in zip(gc0["passes"], gc1["passes"])],
+        "broker_gc_pause_max_ms": gc1["pause_max_ms"],
         "baseline_p50_ms_at_1000": relay_p50,
         "baseline_p99_ms_at_1000": relay_p99,
         "relay_cpu_us_per_msg": round(relay_cpu, 2),

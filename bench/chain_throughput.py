@@ -10,8 +10,10 @@ store (prefetch 1000, one ack per message, merged by the client):
 * ``p_pipe`` — persistent, pipelined (``confirm=False`` then ``wait_confirmed``);
 * ``p_sync`` — persistent, ONE AT A TIME: each ``send`` waits for HQ's receipt (the JMS
   default), with the round trip's p50/p99 and the end-to-end p50/p99;
-* ``lat`` — non-persistent one-way latency at a fixed 1,000 msgs/s (open loop), and the
-  same for ``lat_p`` with one-at-a-time persistent sends paced at 1,000 msgs/s;
+* ``lat`` — non-persistent one-way latency at a fixed 1,000 msgs/s (open loop, evenly
+  paced: bench/pacing.py), and the same for ``lat_p`` with one-at-a-time persistent sends
+  paced at 1,000 msgs/s; ``lat.gc``: each broker's GC passes per 1,000 messages of the
+  phase and its longest pauses (``stat``'s ``gc``, node/gcwatch.py);
 * per broker: RSS at idle (once the broker's idle trim ran), right after the run and
   settled (idle again, trimmed) (VmRSS), and CPU µs per message of each phase
   (utime + stime from /proc);
@@ -58,6 +60,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(1, str(REPO / "bench"))
 
 import disk_floor  # noqa: E402  (bench/disk_floor.py)
+import pacing  # noqa: E402  (bench/pacing.py: even gaps, not trio's 1 ms timer)
 
 BODY = b"x" * 100
 DEST = "queue://Store1.Incoming"
@@ -266,6 +269,8 @@ async def relay_round(ctx: mp.context.BaseContext, count: int, lat_count: int) -
         first = relay.start_before(mid)
         await trio.sleep(0.3)
         producer = FramedStream(await trio.open_tcp_stream("127.0.0.1", first))
+        if rate:
+            pacing.settle_heap()   # the driver's collector: only what the phase makes
         cpu0 = relay.cpu()
         lat: list[float] = []
         ends: list[float] = []
@@ -284,9 +289,9 @@ async def relay_round(ctx: mp.context.BaseContext, count: int, lat_count: int) -
         async with trio.open_nursery() as nursery:
             nursery.start_soon(consume)
             if rate:
-                t0 = trio.current_time()
+                t0 = time.monotonic()   # pacing's clock
                 for i in range(n):
-                    await trio.sleep_until(t0 + i / rate)
+                    await pacing.sleep_until(t0 + i / rate)
                     await producer.send_frames([Send(DEST, f"r{i}", {"t": time.monotonic()},
                                                      BODY)])
             else:
@@ -326,6 +331,32 @@ async def _wait_serving(uri: str, timeout: float = 30.0) -> None:
             await trio.sleep(0.1)
 
 
+async def _gc_figures(chain: Chain) -> dict:
+    """Each broker's collector (``stat``'s ``gc``, node/gcwatch.py; None before it)."""
+    from treefed.client import connect
+
+    out = {}
+    for name in Chain.NAMES:
+        async with connect(chain.uri(name), client_id="bench-gc") as conn:
+            out[name] = (await conn.stat("summary")).get("gc")
+    return out
+
+
+def _gc_per_1000(before: dict, after: dict, n: int) -> dict:
+    """Per broker: GC passes per 1,000 messages of the phase, per generation, and the
+    longest pause per generation since the broker started (counts: load-proof)."""
+    out = {}
+    for name, a in after.items():
+        b = before.get(name)
+        if a is None or b is None or "passes" not in a:
+            out[name] = None
+            continue
+        out[name] = {"passes_per_1000": [round((y - x) / n * 1000, 2)
+                                         for x, y in zip(b["passes"], a["passes"])],
+                     "pause_max_ms": a["pause_max_ms"]}
+    return out
+
+
 async def _phase(chain: Chain, prod, sub, n: int, kind: str, tag: str) -> dict:
     """One phase: ``kind`` is np | p_pipe | p_sync | lat | lat_p."""
     import trio
@@ -351,14 +382,16 @@ async def _phase(chain: Chain, prod, sub, n: int, kind: str, tag: str) -> dict:
         end[0] = time.monotonic()
         done.set()
 
+    if rate:
+        pacing.settle_heap()   # the driver keeps every earlier phase: not walked again
     cpu0 = chain.cpu()
     start = time.monotonic()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(consume)
-        t0 = trio.current_time()
+        t0 = time.monotonic()   # pacing's clock
         for i in range(n):
             if rate:
-                await trio.sleep_until(t0 + i / rate)
+                await pacing.sleep_until(t0 + i / rate)
             headers = {"ph": tag, "t": time.monotonic()}
             if kind in ("p_sync", "lat_p"):
                 a = time.monotonic()
@@ -423,7 +456,10 @@ async def chain_round(root: Path, mode: str, args: argparse.Namespace, rnd: int)
             for kind, n in (("np", args.count), ("p_pipe", args.count),
                             ("p_sync", args.sync_count), ("lat", args.latency_count),
                             ("lat_p", args.latency_count)):
+                gc0 = await _gc_figures(chain) if kind == "lat" else None
                 out[kind] = await _phase(chain, prod, sub, n, kind, f"{kind}{rnd}")
+                if gc0 is not None:
+                    out[kind]["gc"] = _gc_per_1000(gc0, await _gc_figures(chain), n)
                 await trio.sleep(0.5)
         out["rss_after_mib"] = chain.rss()
         await trio.sleep(2 * IDLE_TRIM_S + 1.5)   # a trim comes 1-2 intervals after the last batch

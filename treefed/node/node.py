@@ -144,6 +144,7 @@ from treefed.federation.site import Site
 from treefed.log import get_logger
 from treefed.persistence import MemoryStore
 from treefed.node.acksync import HELD_SYNC_NOW, AckSyncer
+from treefed.node.gcwatch import statistics as gc_statistics
 from treefed.node.login import LoginGate
 from treefed.security.guard import Guard
 from treefed.transport.backoff import backoff_for
@@ -1742,6 +1743,7 @@ class BrokerNode:
         stats["commits"] = self.commits
         stats["inline_commits"] = self.inline_commits
         stats["store_full"] = self.store_full
+        stats["gc"] = gc_statistics()   # the process's collector (node/gcwatch.py)
         if self._auth is not None or self._tree_scope is not None:
             stats["security"] = {
                 "authentication": self._auth is not None,

@@ -4,7 +4,9 @@ Theory of operation
 -------------------
 The process owns its data directory through ``persistence.acquire_lock``, opens the
 SqliteStore there (capped at ``max_store_bytes``), puts every stored message back on its
-queue, and serves until SIGTERM or SIGINT.
+queue, and serves until SIGTERM or SIGINT.  Once it serves, the start-up's objects are
+frozen out of the cyclic collector's reach and its passes are counted (``gcwatch``,
+issue #14).
 
 Master/slave on a shared directory: when the lock is held by a broker with *our* id, this
 process is its slave — it logs ``broker.slave``, opens no listener and no link, and polls
@@ -29,6 +31,7 @@ import trio
 from treefed.config import BrokerConfig
 from treefed.errors import TreefedError
 from treefed.log import configure_logging, get_logger, reopen_log_file
+from treefed.node import gcwatch
 from treefed.node.node import BrokerNode
 from treefed.node.trim import trim_when_idle
 from treefed.persistence import SqliteStore, acquire_lock, read_lock
@@ -48,6 +51,8 @@ async def serve_until_signal(node: BrokerNode,
     with trio.open_signal_receiver(*signals, signal.SIGHUP) as received:
         async with trio.open_nursery() as nursery:
             await nursery.start(node.serve)
+            gcwatch.freeze_start_up()   # no GC pass walks the start-up again (gcwatch.py)
+            gcwatch.watch()             # GC passes and pauses while serving, in ``stat``
             nursery.start_soon(trim_when_idle, node)   # idle RSS (issue #14)
             async for signum in received:
                 node.log.info("broker.signal", signal=signal.Signals(signum).name)
