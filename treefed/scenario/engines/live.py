@@ -120,7 +120,9 @@ class App:
 
     async def run(self, stream: trio.abc.Stream, *,
                   task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Hello, then read (acking deliveries) and write until the stream ends."""
+        """Hello, then read (acking deliveries) and write until the stream ends; on an
+        in-process frame link, return after the hello (the link hands the App its
+        frames, the App writes into it directly)."""
         framed = stream if type(stream) is FrameEnd else FramedStream(stream)
         await framed.send_frame(Hello(PROTOCOL_VERSION, "client", name=f"{self.broker_id}-app",
                                       username=self.username, password=self.password))
@@ -143,7 +145,10 @@ class App:
             self._direct = framed
             early, self._out = self._out, []
             framed.send_now(early)
-            await self._read(framed, first[1:])
+            # ... and hands the App what the broker sends in the broker's own call: the
+            # App acks synchronously, so it needs no reader task either (issue #14)
+            self._handle(first[1:])
+            framed.deliver_to(self._handle)
             return
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._writer, framed)
@@ -334,7 +339,11 @@ class LiveEngine:
                     if self.tcp and not site.port:
                         site.port = addresses[0][1]
                     app = site.app = App(broker_id)
-                    await nursery.start(app.run, await self._client_stream(site))
+                    stream = await self._client_stream(site)
+                    if type(stream) is FrameEnd:   # hello, then no task of its own
+                        await app.run(stream)
+                    else:
+                        await nursery.start(app.run, stream)
                     for c in self.consumers.get(broker_id, {}).values():
                         app.subscribe(c)
                     site.alive = True
