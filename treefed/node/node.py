@@ -148,6 +148,7 @@ from treefed.node.login import LoginGate
 from treefed.security.guard import Guard
 from treefed.transport.backoff import backoff_for
 from treefed.transport.framed import FramedStream
+from treefed.node.late_writer import LateWriter
 from treefed.transport.memory import FrameEnd
 from treefed.transport.streams import connect_with_retry, open_tcp, peer_address, serve_tcp
 from treefed.transport.tls import peer_identity, serve_tls
@@ -585,6 +586,7 @@ class BrokerNode:
                     c.queue(Bye("broker shutting down"))
                     c.closing = True
                     c.resume.set()
+                    c.wake.set()   # a frame link's LateWriter: now closing (#14)
             for c in list(self._conns.values()):
                 await c.writer_done.wait()
         self._stopped.set()
@@ -634,12 +636,18 @@ class BrokerNode:
                 c.scope = nursery.cancel_scope
                 if protocol == "stomp":   # its own heart-beats; auto acks via the inbox
                     c.framed.start(nursery, functools.partial(self._inject, c))
-                nursery.start_soon(self._writer, c, nursery)
+                if framed is stream:   # a frame link: its writer only once closing (#14)
+                    c.wake = LateWriter(self, c, nursery)
+                    c.wake.set()      # a dialed link's hello
+                else:
+                    nursery.start_soon(self._writer, c, nursery)
                 await self._reader(c)
                 with trio.move_on_after(LINGER):
                     await c.writer_done.wait()
                 nursery.cancel_scope.cancel()
         finally:
+            if type(c.wake) is LateWriter:
+                c.wake.nursery = None   # ended: nothing more to write
             if self._conns.get(c.id) is c and c.dead:
                 del self._conns[c.id]
             c.writer_done.set()
