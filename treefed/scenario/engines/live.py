@@ -32,6 +32,7 @@ lines are not part of the event log.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from functools import partial
 from typing import Any, Callable
@@ -66,11 +67,23 @@ QUIET_S = 5.0
 _LINK_PORT = 61616  # config URIs need a port; _dial resolves links by broker id
 
 
+def _link_uri(broker_id: str) -> str:
+    return f"tcp://{broker_id}:{_LINK_PORT}"
+
+
 def site_config(mode: Mode, spec: BrokerSpec, *, parent_uri: str | None,
                 listen: tuple[str, ...] = (), data_dir: str = "",
                 log_file: str = "", level: str = "warning") -> BrokerConfig:
     """A validated BrokerConfig for one scenario site: the child dials its parent with a
     tree connector or a mesh ``uplink`` connector carrying the mode's options."""
+    return parse_config(site_doc(mode, spec, parent_uri=parent_uri, listen=listen,
+                                 data_dir=data_dir, log_file=log_file, level=level))
+
+
+def site_doc(mode: Mode, spec: BrokerSpec, *, parent_uri: str | None,
+             listen: tuple[str, ...] = (), data_dir: str = "",
+             log_file: str = "", level: str = "warning") -> dict[str, Any]:
+    """``site_config``'s document, before it is parsed."""
     doc: dict[str, Any] = {
         "broker": {"id": spec.id, "listen": list(listen), "heartbeat_interval": 0.0,
                    "accept_tree_children": mode.connector == "tree" and spec.role != "leaf"},
@@ -86,7 +99,68 @@ def site_config(mode: Mode, spec: BrokerSpec, *, parent_uri: str | None,
         else:
             doc["network_connector"] = [{"name": LINK_NAME["mesh"],
                                          "uri": f"static:({parent_uri})", **opts}]
-    return parse_config(doc)
+    return doc
+
+
+class SiteConfigs:
+    """``site_config`` for the sites of one run, parsed once per shape (issue #14: 4,005
+    parses were ~5 % of a 4 x 1,000 memory run's start-up).  Sites whose documents differ
+    only in the broker id and the parent's id share one parse of that shape; each gets
+    a copy with its own id, name, data_dir and connector URI (the config is frozen, so
+    the rest is shared safely).  The id and the URI are checked by the checkers
+    ``parse_config`` uses."""
+
+    _ID = "site-template"
+    _PARENT = "parent-template"
+
+    def __init__(self, mode: Mode) -> None:
+        self.mode = mode
+        self._shapes: dict[str, BrokerConfig] = {}
+
+    def get(self, spec: BrokerSpec, *, parent: str | None, uri: Callable[[str], str],
+            listen: tuple[str, ...] = ()) -> BrokerConfig:
+        """The config of site ``spec``; ``parent`` its parent's id, ``uri(id)`` the URI
+        that dials a broker by id."""
+        parent_uri = uri(parent) if parent is not None else None
+        doc = site_doc(self.mode, spec, parent_uri=parent_uri, listen=listen)
+        shape = repr(self._template(doc, spec.id, parent_uri, uri))
+        cfg = self._shapes.get(shape)
+        if cfg is None:
+            cfg = self._shapes[shape] = parse_config(
+                self._template(doc, spec.id, parent_uri, uri))
+        return self._fill(cfg, spec.id, parent_uri, uri)
+
+    def _template(self, doc: dict, site: str, parent_uri: str | None,
+                  uri: Callable[[str], str]) -> dict:
+        t = {**doc, "broker": {**doc["broker"], "id": self._ID}}
+        if parent_uri is not None:
+            tmpl_uri = uri(self._PARENT)
+            if "tree_connector" in t:
+                t["tree_connector"] = {**t["tree_connector"], "uri": tmpl_uri}
+            else:
+                (nc,) = t["network_connector"]
+                t["network_connector"] = [{**nc, "uri": f"static:({tmpl_uri})"}]
+        return t
+
+    @staticmethod
+    def _fill(cfg: BrokerConfig, site: str, parent_uri: str | None,
+              uri: Callable[[str], str]) -> BrokerConfig:
+        from treefed.config import _identifier, _uri   # parse_config's own checks
+
+        _identifier(site, "broker.id")
+        broker = dataclasses.replace(cfg.broker, id=site, name=site, data_dir=f"data/{site}")
+        tc, ncs = cfg.tree_connector, cfg.network_connectors
+        if parent_uri is not None:
+            if tc is not None:
+                tc = dataclasses.replace(
+                    tc, uri=_uri("tcp://", "ssl://", "failover:")(parent_uri,
+                                                                 "tree_connector.uri"))
+            else:
+                mesh = _uri("static:", "tcp://", "ssl://", "failover:")(
+                    f"static:({parent_uri})", "network_connector[0].uri")
+                ncs = (dataclasses.replace(ncs[0], uri=mesh),)
+        return dataclasses.replace(cfg, broker=broker, tree_connector=tc,
+                                   network_connectors=ncs)
 
 
 class App:
@@ -256,6 +330,7 @@ class LiveEngine:
         self._root: trio.Nursery | None = None
         self._body = b"x" * plan.scenario.workload.body_bytes
         self._sharing = Sharing()   # memory-saving tables shared by all its Sites
+        self._configs = SiteConfigs(mode)   # parsed once per shape of site
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, Any]:
@@ -309,8 +384,8 @@ class LiveEngine:
         # The parent URI names the parent; _dial (the node's open_stream hook) resolves it
         # to the parent's current memory listener or loopback port.
         listen = (f"tcp://127.0.0.1:{site.port}",) if self.tcp else ()
-        parent_uri = f"tcp://{parent.spec.id}:{_LINK_PORT}" if parent is not None else None
-        return site_config(self.mode, spec, parent_uri=parent_uri, listen=listen)
+        return self._configs.get(spec, parent=parent.spec.id if parent is not None else None,
+                                 uri=_link_uri, listen=listen)
 
     async def _run_site(self, site: _Site, *, task_status: Any = trio.TASK_STATUS_IGNORED,
                         ) -> None:
