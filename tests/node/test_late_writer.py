@@ -61,3 +61,23 @@ def _walk(task):
     for n in task.child_nurseries:
         for t in n.child_tasks:
             yield from _walk(t)
+
+
+async def test_the_space_watcher_starts_only_when_the_store_is_full(nursery, tmp_path):
+    """``_watch_space`` sleeps until a commit finds the store full: it is started then,
+    not with every node (tests/node/test_node_faults.py: refusal and recovery)."""
+    node = BrokerNode(make_config(tmp_path, listen=[]))
+    await nursery.start(node.serve)
+
+    def watchers() -> int:
+        return sum(1 for t in _walk(trio.lowlevel.current_root_task())
+                   if t.name.endswith("._watch_space"))
+
+    assert watchers() == 0
+    node.store_full = True
+    node._space_wanted.set()
+    await trio.lowlevel.checkpoint()
+    assert watchers() == 1
+    node._space_wanted.set()   # a real event now: no second watcher
+    await trio.lowlevel.checkpoint()
+    assert watchers() == 1

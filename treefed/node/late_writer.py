@@ -17,6 +17,10 @@ the connection is closing (or the link refused the frames) it starts the node's 
 everything is as before: the writer flushes, half-closes, lingers and ends the
 connection.  After the connection's nursery is gone, ``set()`` does nothing (the
 connection has ended; nobody would write).
+
+``LateStart`` does the same for a node task that sleeps on an event until something
+rare happens (``BrokerNode._watch_space``: the store became full): it stands in for the
+event, and its first ``set()`` starts the task (which then uses a real event).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 
 import trio
 
-__all__ = ["LateWriter"]
+__all__ = ["LateStart", "LateWriter"]
 
 
 class LateWriter:
@@ -54,6 +58,23 @@ class LateWriter:
         wake = c.wake = trio.Event()   # the writer's own from now on
         wake.set()
         nursery.start_soon(self.node._writer, c, nursery)
+
+    def is_set(self) -> bool:   # trio.Event's; nothing waits on this one
+        return False
+
+
+class LateStart:
+    """An event whose first ``set()`` calls ``start()`` (see the module doc)."""
+
+    __slots__ = ("start",)
+
+    def __init__(self, start: Any) -> None:
+        self.start = start
+
+    def set(self) -> None:
+        start, self.start = self.start, None
+        if start is not None:
+            start()
 
     def is_set(self) -> bool:   # trio.Event's; nothing waits on this one
         return False

@@ -148,7 +148,7 @@ from treefed.node.login import LoginGate
 from treefed.security.guard import Guard
 from treefed.transport.backoff import backoff_for
 from treefed.transport.framed import FramedStream
-from treefed.node.late_writer import LateWriter
+from treefed.node.late_writer import LateStart, LateWriter
 from treefed.transport.memory import FrameEnd
 from treefed.transport.streams import connect_with_retry, open_tcp, peer_address, serve_tcp
 from treefed.transport.tls import peer_identity, serve_tls
@@ -564,7 +564,11 @@ class BrokerNode:
                 await nursery.start(self.monitor.serve)
             if b.heartbeat_interval > 0:
                 nursery.start_soon(self._heartbeats, b.heartbeat_interval)
-            nursery.start_soon(self._watch_space)
+            if self.store_full:   # restore found it full
+                nursery.start_soon(self._watch_space)
+            else:   # started when a commit first finds the store full (issue #14)
+                self._space_wanted = LateStart(
+                    functools.partial(self._start_watch_space, nursery))
             if self._ack_syncer is not None:
                 nursery.start_soon(self._ack_syncer.run)
             task_status.started(list(self.addresses))
@@ -857,6 +861,13 @@ class BrokerNode:
                 elif silent >= interval:
                     c.pinged = now
                     c.queue(Ping(0))
+
+    def _start_watch_space(self, nursery: trio.Nursery) -> None:
+        """``_space_wanted`` was set for the first time: start ``_watch_space`` (an
+        in-process estate's thousands of nodes never fill their stores, issue #14)."""
+        wanted = self._space_wanted = trio.Event()
+        wanted.set()
+        nursery.start_soon(self._watch_space)
 
     async def _watch_space(self) -> None:
         """While persistent input is refused (``store_full``), ask the store every
