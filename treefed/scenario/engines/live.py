@@ -289,6 +289,18 @@ def apply_traffic(step: Step, sites: dict, consumers: dict, body: bytes) -> bool
     return True
 
 
+class _Started:
+    """A ``task_status`` whose ``started(value)`` calls ``call(value)``."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, call: Callable[[Any], None]) -> None:
+        self.call = call
+
+    def started(self, value: Any = None) -> None:
+        self.call(value)
+
+
 class _Site:
     __slots__ = ("spec", "node", "store", "app", "scope", "nursery", "alive", "port",
                  "up", "stopped", "link_stream", "rng")
@@ -353,9 +365,11 @@ class LiveEngine:
             self._root = root
             for i, spec in enumerate(self.topology.brokers):
                 self.sites[spec.id] = _Site(spec, plan.scenario.seed * 100_003 + i)
-            async with trio.open_nursery() as starting:   # all at once: dials wait for
-                for spec in self.topology.brokers:          # their parent in _dial
-                    starting.start_soon(partial(self._start, self.sites[spec.id], info=True))
+            # all at once: dials wait for their parent in _dial
+            ready = [self._launch(self.sites[spec.id], info=True)
+                     for spec in self.topology.brokers]
+            for up in ready:
+                await up.wait()
             for step in plan.steps:
                 await trio.sleep_until(self._t0 + step.at)
                 await self._step(step)
@@ -372,11 +386,18 @@ class LiveEngine:
 
     # ------------------------------------------------------------------ sites
     async def _start(self, site: _Site, *, info: bool) -> None:
+        await self._launch(site, info=info).wait()
+
+    def _launch(self, site: _Site, *, info: bool) -> trio.Event:
+        """Start the site's node in the root nursery; the event is set once it is up
+        (its App connected) -- or gone: an error goes to the root nursery."""
         spec = self.topology.broker(site.spec.id)
         site.spec = spec
         if info:
             self.rec.emit(self.now(), spec.id, "broker.info", broker_info(self.mode, spec))
-        await self._root.start(self._run_site, site)
+        ready = trio.Event()
+        self._root.start_soon(self._run_site, site, ready)
+        return ready
 
     def _config(self, site: _Site) -> BrokerConfig:
         spec = site.spec
@@ -387,8 +408,9 @@ class LiveEngine:
         return self._configs.get(spec, parent=parent.spec.id if parent is not None else None,
                                  uri=_link_uri, listen=listen)
 
-    async def _run_site(self, site: _Site, *, task_status: Any = trio.TASK_STATUS_IGNORED,
-                        ) -> None:
+    async def _run_site(self, site: _Site, ready: trio.Event) -> None:
+        """The site's node, served in this task (one task per site: no nursery of its
+        own, issue #14); its App connects from a task in the node's nursery."""
         from treefed.node import BrokerNode
 
         broker_id = site.spec.id
@@ -407,25 +429,32 @@ class LiveEngine:
         try:
             with trio.CancelScope() as scope:
                 site.scope = scope
-                async with trio.open_nursery() as nursery:
-                    site.nursery = nursery
-                    site.node = node
-                    addresses = await nursery.start(node.serve)
-                    if self.tcp and not site.port:
-                        site.port = addresses[0][1]
-                    app = site.app = App(broker_id)
-                    stream = await self._client_stream(site)
-                    if type(stream) is FrameEnd:   # hello, then no task of its own
-                        await app.run(stream)
-                    else:
-                        await nursery.start(app.run, stream)
-                    for c in self.consumers.get(broker_id, {}).values():
-                        app.subscribe(c)
-                    site.alive = True
-                    site.up.set()
-                    task_status.started()
+                site.node = node
+                await node.serve(task_status=_Started(partial(self._served, site, ready)))
         finally:
             site.stopped.set()
+            ready.set()
+
+    def _served(self, site: _Site, ready: trio.Event, addresses: list) -> None:
+        """The site's node is serving (its ``task_status.started``)."""
+        site.nursery = site.node._nursery   # its connections' tasks, the App's
+        if self.tcp and not site.port:
+            site.port = addresses[0][1]
+        site.nursery.start_soon(self._connect_app, site, ready)
+
+    async def _connect_app(self, site: _Site, ready: trio.Event) -> None:
+        broker_id = site.spec.id
+        app = site.app = App(broker_id)
+        stream = await self._client_stream(site)
+        if type(stream) is FrameEnd:   # hello, then no task of its own
+            await app.run(stream)
+        else:
+            await site.nursery.start(app.run, stream)
+        for c in self.consumers.get(broker_id, {}).values():
+            app.subscribe(c)
+        site.alive = True
+        site.up.set()
+        ready.set()
 
     async def _client_stream(self, site: _Site) -> trio.abc.Stream:
         if self.tcp:
