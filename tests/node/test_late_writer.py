@@ -81,3 +81,26 @@ async def test_the_space_watcher_starts_only_when_the_store_is_full(nursery, tmp
     node._space_wanted.set()   # a real event now: no second watcher
     await trio.lowlevel.checkpoint()
     assert watchers() == 1
+
+
+async def test_conn_tasks_acts_as_the_connections_nursery(nursery):
+    """ConnTasks: its cancel scope cancels the block, its one task runs in the host
+    nursery and is cancelled when the block ends (as a nursery's child would be)."""
+    from treefed.node.late_writer import ConnTasks
+
+    ran: list = []
+
+    async def child():
+        ran.append("started")
+        try:
+            await trio.sleep_forever()
+        finally:
+            ran.append("cancelled")
+
+    async with ConnTasks(nursery) as tasks:
+        tasks.start_soon(child)
+        await trio.sleep(0.01)
+        tasks.cancel_scope.cancel()
+        await trio.sleep_forever()   # cancelled by its own scope, which catches it
+    await trio.sleep(0.01)
+    assert ran == ["started", "cancelled"]

@@ -18,6 +18,13 @@ everything is as before: the writer flushes, half-closes, lingers and ends the
 connection.  After the connection's nursery is gone, ``set()`` does nothing (the
 connection has ended; nobody would write).
 
+``ConnTasks`` stands in for the connection's nursery on such a link: with no writer
+task for most of its life, a connection needs no nursery of its own, only a cancel
+scope (``c.scope``: a dead peer is cut off).  It is an async context manager around
+that scope whose ``start_soon`` starts the rare task (the late writer) in the node's
+nursery under a scope of its own, which is cancelled when the connection's block ends
+-- as a nursery would cancel its children.
+
 ``LateStart`` does the same for a node task that sleeps on an event until something
 rare happens (``BrokerNode._watch_space``: the store became full): it stands in for the
 event, and its first ``set()`` starts the task (which then uses a real event).
@@ -29,7 +36,7 @@ from typing import Any
 
 import trio
 
-__all__ = ["LateStart", "LateWriter"]
+__all__ = ["ConnTasks", "LateStart", "LateWriter"]
 
 
 class LateWriter:
@@ -78,3 +85,34 @@ class LateStart:
 
     def is_set(self) -> bool:   # trio.Event's; nothing waits on this one
         return False
+
+
+class ConnTasks:
+    """A connection's cancel scope used as its nursery (see the module doc)."""
+
+    __slots__ = ("host", "cancel_scope", "children", "started")
+
+    def __init__(self, host: trio.Nursery) -> None:
+        self.host = host                       # the node's nursery
+        self.cancel_scope = trio.CancelScope()
+        self.children = trio.CancelScope()     # the task started through it
+        self.started = False
+
+    async def __aenter__(self) -> ConnTasks:
+        self.cancel_scope.__enter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool:
+        self.children.cancel()   # as a nursery's end cancels what still runs in it
+        return self.cancel_scope.__exit__(*exc)
+
+    def start_soon(self, fn: Any, *args: Any) -> None:
+        """Start the connection's one extra task (its writer)."""
+        if self.started:
+            raise RuntimeError("a frame link's connection starts one task at most")
+        self.started = True
+        self.host.start_soon(self._child, fn, args)
+
+    async def _child(self, fn: Any, args: tuple) -> None:
+        with self.children:
+            await fn(*args)

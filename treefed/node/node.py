@@ -148,7 +148,7 @@ from treefed.node.login import LoginGate
 from treefed.security.guard import Guard
 from treefed.transport.backoff import backoff_for
 from treefed.transport.framed import FramedStream
-from treefed.node.late_writer import LateStart, LateWriter
+from treefed.node.late_writer import ConnTasks, LateStart, LateWriter
 from treefed.transport.memory import FrameEnd
 from treefed.transport.streams import connect_with_retry, open_tcp, peer_address, serve_tcp
 from treefed.transport.tls import peer_identity, serve_tls
@@ -636,7 +636,10 @@ class BrokerNode:
             c.queue(hello)
         self._conns[c.id] = c
         try:
-            async with trio.open_nursery() as nursery:
+            # a frame link's connection has no writer task most of its life: a cancel
+            # scope serves as its nursery (node/late_writer.py, issue #14)
+            async with (ConnTasks(self._nursery) if framed is stream and self._nursery
+                        is not None else trio.open_nursery()) as nursery:
                 c.scope = nursery.cancel_scope
                 if protocol == "stomp":   # its own heart-beats; auto acks via the inbox
                     c.framed.start(nursery, functools.partial(self._inject, c))
