@@ -4,10 +4,13 @@ Theory of operation
 -------------------
 Every site is a real ``node.BrokerNode`` (site task, reader and writer tasks per
 connection, reconnecting dialers) built from a generated, validated ``BrokerConfig``
-(common.py decides the connector settings).  Each node runs in its own nursery under its
-own cancel scope, so ``kill_broker`` is one ``cancel()``: its tasks stop, its streams
-close, its peers see the link drop -- exactly a dead process, minus the process.  The
-node's MemoryStore outlives it; ``restart_broker`` builds a new node on it.
+(common.py decides the connector settings; ``SiteConfigs`` parses each shape of site
+once).  Each node is served in one task of the root nursery under its own cancel scope,
+so ``kill_broker`` is one ``cancel()``: its tasks stop, its streams close, its peers see
+the link drop -- exactly a dead process, minus the process.  The node's MemoryStore
+outlives it; ``restart_broker`` builds a new node on it.  On frame links a connection's
+writer task starts only when it closes (node/late_writer.py) and the App has no task of
+its own (issue #14: a site costs ~6 tasks, not 12, to start and to cancel).
 
 Time is a ``trio.testing.MockClock`` with autojump: virtual time stands still while any
 task can run and jumps to the next timer when all are blocked.  So the plan's ``at``
@@ -24,7 +27,7 @@ stream; the child's dialer retries and waits in ``_dial`` until the link is rest
 ``insert_layer`` closes the moved children's links and their next dial reaches the new
 parent.
 
-Applications are one raw protocol client per site (``_App``): hello, subscriptions with
+Applications are one raw protocol client per site (``App``): hello, subscriptions with
 the plan's ids, sends with the plan's message ids, an ack for every delivery.  Events
 reach the Recorder through the node's ``event_sink`` hook; the node's own structlog
 lines are not part of the event log.
