@@ -149,6 +149,7 @@ from treefed.node.login import LoginGate
 from treefed.security.guard import Guard
 from treefed.transport.backoff import backoff_for
 from treefed.transport.framed import FramedStream
+from treefed.node.late_writer import ConnTasks, LateStart, LateWriter
 from treefed.transport.memory import FrameEnd
 from treefed.transport.streams import connect_with_retry, open_tcp, peer_address, serve_tcp
 from treefed.transport.tls import peer_identity, serve_tls
@@ -564,7 +565,11 @@ class BrokerNode:
                 await nursery.start(self.monitor.serve)
             if b.heartbeat_interval > 0:
                 nursery.start_soon(self._heartbeats, b.heartbeat_interval)
-            nursery.start_soon(self._watch_space)
+            if self.store_full:   # restore found it full
+                nursery.start_soon(self._watch_space)
+            else:   # started when a commit first finds the store full (issue #14)
+                self._space_wanted = LateStart(
+                    functools.partial(self._start_watch_space, nursery))
             if self._ack_syncer is not None:
                 nursery.start_soon(self._ack_syncer.run)
             task_status.started(list(self.addresses))
@@ -586,6 +591,7 @@ class BrokerNode:
                     c.queue(Bye("broker shutting down"))
                     c.closing = True
                     c.resume.set()
+                    c.wake.set()   # a frame link's LateWriter: now closing (#14)
             for c in list(self._conns.values()):
                 await c.writer_done.wait()
         self._stopped.set()
@@ -631,16 +637,25 @@ class BrokerNode:
             c.queue(hello)
         self._conns[c.id] = c
         try:
-            async with trio.open_nursery() as nursery:
+            # a frame link's connection has no writer task most of its life: a cancel
+            # scope serves as its nursery (node/late_writer.py, issue #14)
+            async with (ConnTasks(self._nursery) if framed is stream and self._nursery
+                        is not None else trio.open_nursery()) as nursery:
                 c.scope = nursery.cancel_scope
                 if protocol == "stomp":   # its own heart-beats; auto acks via the inbox
                     c.framed.start(nursery, functools.partial(self._inject, c))
-                nursery.start_soon(self._writer, c, nursery)
+                if framed is stream:   # a frame link: its writer only once closing (#14)
+                    c.wake = LateWriter(self, c, nursery)
+                    c.wake.set()      # a dialed link's hello
+                else:
+                    nursery.start_soon(self._writer, c, nursery)
                 await self._reader(c)
                 with trio.move_on_after(LINGER):
                     await c.writer_done.wait()
                 nursery.cancel_scope.cancel()
         finally:
+            if type(c.wake) is LateWriter:
+                c.wake.nursery = None   # ended: nothing more to write
             if self._conns.get(c.id) is c and c.dead:
                 del self._conns[c.id]
             c.writer_done.set()
@@ -850,6 +865,13 @@ class BrokerNode:
                 elif silent >= interval:
                     c.pinged = now
                     c.queue(Ping(0))
+
+    def _start_watch_space(self, nursery: trio.Nursery) -> None:
+        """``_space_wanted`` was set for the first time: start ``_watch_space`` (an
+        in-process estate's thousands of nodes never fill their stores, issue #14)."""
+        wanted = self._space_wanted = trio.Event()
+        wanted.set()
+        nursery.start_soon(self._watch_space)
 
     async def _watch_space(self) -> None:
         """While persistent input is refused (``store_full``), ask the store every

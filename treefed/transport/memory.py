@@ -223,12 +223,14 @@ def copy_frame(frame: Any) -> Any:
 
 
 class _Frames:
-    """One direction of a frame link: frames sent and not yet received."""
+    """One direction of a frame link: frames sent and not yet received (or, once the
+    receiving end called ``deliver_to``, the function that takes them at once)."""
 
-    __slots__ = ("frames", "eof", "reader_gone", "lot")
+    __slots__ = ("frames", "eof", "reader_gone", "lot", "deliver")
 
     def __init__(self) -> None:
         self.frames: list = []
+        self.deliver: Callable[[list], Any] | None = None
         self.eof = False            # the sending end sent EOF or closed
         self.reader_gone = False    # the receiving end closed: sends are broken
         self.lot = trio.lowlevel.ParkingLot()
@@ -259,6 +261,9 @@ class FrameEnd(trio.abc.HalfCloseableStream):
             raise trio.BrokenResourceError("the peer closed its end")
         batch = [copy_frame(f) for f in frames]
         if batch:
+            if out.deliver is not None:   # the receiver takes them now (``deliver_to``)
+                out.deliver(batch)
+                return
             out.frames += batch
             out.lot.unpark_all()
 
@@ -295,6 +300,18 @@ class FrameEnd(trio.abc.HalfCloseableStream):
             raise trio.EndOfChannel("the peer ended the stream")
         inc.frames = []
         return frames
+
+    def deliver_to(self, deliver: Callable[[list], Any]) -> None:
+        """From now on, frames sent to this end are handed to ``deliver(frames)`` in the
+        sender's call instead of waiting for ``receive_frames`` (frames already waiting
+        go first, now): a receiver that handles frames synchronously needs no task of
+        its own (the memory engine's workload client, issue #14). ``deliver`` must not
+        block or raise; the end of the stream is not reported to it."""
+        inc = self._in
+        inc.deliver = deliver
+        waiting, inc.frames = inc.frames, []
+        if waiting:
+            deliver(waiting)
 
     # trio stream side: what a node does with ``framed.stream`` and the raw stream
     async def send_all(self, data: Any) -> None:   # pragma: no cover - not a byte stream

@@ -4,10 +4,13 @@ Theory of operation
 -------------------
 Every site is a real ``node.BrokerNode`` (site task, reader and writer tasks per
 connection, reconnecting dialers) built from a generated, validated ``BrokerConfig``
-(common.py decides the connector settings).  Each node runs in its own nursery under its
-own cancel scope, so ``kill_broker`` is one ``cancel()``: its tasks stop, its streams
-close, its peers see the link drop -- exactly a dead process, minus the process.  The
-node's MemoryStore outlives it; ``restart_broker`` builds a new node on it.
+(common.py decides the connector settings; ``SiteConfigs`` parses each shape of site
+once).  Each node is served in one task of the root nursery under its own cancel scope,
+so ``kill_broker`` is one ``cancel()``: its tasks stop, its streams close, its peers see
+the link drop -- exactly a dead process, minus the process.  The node's MemoryStore
+outlives it; ``restart_broker`` builds a new node on it.  On frame links a connection's
+writer task starts only when it closes (node/late_writer.py) and the App has no task of
+its own (issue #14: a site costs ~6 tasks, not 12, to start and to cancel).
 
 Time is a ``trio.testing.MockClock`` with autojump: virtual time stands still while any
 task can run and jumps to the next timer when all are blocked.  So the plan's ``at``
@@ -24,7 +27,7 @@ stream; the child's dialer retries and waits in ``_dial`` until the link is rest
 ``insert_layer`` closes the moved children's links and their next dial reaches the new
 parent.
 
-Applications are one raw protocol client per site (``_App``): hello, subscriptions with
+Applications are one raw protocol client per site (``App``): hello, subscriptions with
 the plan's ids, sends with the plan's message ids, an ack for every delivery.  Events
 reach the Recorder through the node's ``event_sink`` hook; the node's own structlog
 lines are not part of the event log.
@@ -32,6 +35,7 @@ lines are not part of the event log.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from functools import partial
 from typing import Any, Callable
@@ -66,11 +70,23 @@ QUIET_S = 5.0
 _LINK_PORT = 61616  # config URIs need a port; _dial resolves links by broker id
 
 
+def _link_uri(broker_id: str) -> str:
+    return f"tcp://{broker_id}:{_LINK_PORT}"
+
+
 def site_config(mode: Mode, spec: BrokerSpec, *, parent_uri: str | None,
                 listen: tuple[str, ...] = (), data_dir: str = "",
                 log_file: str = "", level: str = "warning") -> BrokerConfig:
     """A validated BrokerConfig for one scenario site: the child dials its parent with a
     tree connector or a mesh ``uplink`` connector carrying the mode's options."""
+    return parse_config(site_doc(mode, spec, parent_uri=parent_uri, listen=listen,
+                                 data_dir=data_dir, log_file=log_file, level=level))
+
+
+def site_doc(mode: Mode, spec: BrokerSpec, *, parent_uri: str | None,
+             listen: tuple[str, ...] = (), data_dir: str = "",
+             log_file: str = "", level: str = "warning") -> dict[str, Any]:
+    """``site_config``'s document, before it is parsed."""
     doc: dict[str, Any] = {
         "broker": {"id": spec.id, "listen": list(listen), "heartbeat_interval": 0.0,
                    "accept_tree_children": mode.connector == "tree" and spec.role != "leaf"},
@@ -86,7 +102,68 @@ def site_config(mode: Mode, spec: BrokerSpec, *, parent_uri: str | None,
         else:
             doc["network_connector"] = [{"name": LINK_NAME["mesh"],
                                          "uri": f"static:({parent_uri})", **opts}]
-    return parse_config(doc)
+    return doc
+
+
+class SiteConfigs:
+    """``site_config`` for the sites of one run, parsed once per shape (issue #14: 4,005
+    parses were ~5 % of a 4 x 1,000 memory run's start-up).  Sites whose documents differ
+    only in the broker id and the parent's id share one parse of that shape; each gets
+    a copy with its own id, name, data_dir and connector URI (the config is frozen, so
+    the rest is shared safely).  The id and the URI are checked by the checkers
+    ``parse_config`` uses."""
+
+    _ID = "site-template"
+    _PARENT = "parent-template"
+
+    def __init__(self, mode: Mode) -> None:
+        self.mode = mode
+        self._shapes: dict[str, BrokerConfig] = {}
+
+    def get(self, spec: BrokerSpec, *, parent: str | None, uri: Callable[[str], str],
+            listen: tuple[str, ...] = ()) -> BrokerConfig:
+        """The config of site ``spec``; ``parent`` its parent's id, ``uri(id)`` the URI
+        that dials a broker by id."""
+        parent_uri = uri(parent) if parent is not None else None
+        doc = site_doc(self.mode, spec, parent_uri=parent_uri, listen=listen)
+        shape = repr(self._template(doc, spec.id, parent_uri, uri))
+        cfg = self._shapes.get(shape)
+        if cfg is None:
+            cfg = self._shapes[shape] = parse_config(
+                self._template(doc, spec.id, parent_uri, uri))
+        return self._fill(cfg, spec.id, parent_uri, uri)
+
+    def _template(self, doc: dict, site: str, parent_uri: str | None,
+                  uri: Callable[[str], str]) -> dict:
+        t = {**doc, "broker": {**doc["broker"], "id": self._ID}}
+        if parent_uri is not None:
+            tmpl_uri = uri(self._PARENT)
+            if "tree_connector" in t:
+                t["tree_connector"] = {**t["tree_connector"], "uri": tmpl_uri}
+            else:
+                (nc,) = t["network_connector"]
+                t["network_connector"] = [{**nc, "uri": f"static:({tmpl_uri})"}]
+        return t
+
+    @staticmethod
+    def _fill(cfg: BrokerConfig, site: str, parent_uri: str | None,
+              uri: Callable[[str], str]) -> BrokerConfig:
+        from treefed.config import _identifier, _uri   # parse_config's own checks
+
+        _identifier(site, "broker.id")
+        broker = dataclasses.replace(cfg.broker, id=site, name=site, data_dir=f"data/{site}")
+        tc, ncs = cfg.tree_connector, cfg.network_connectors
+        if parent_uri is not None:
+            if tc is not None:
+                tc = dataclasses.replace(
+                    tc, uri=_uri("tcp://", "ssl://", "failover:")(parent_uri,
+                                                                 "tree_connector.uri"))
+            else:
+                mesh = _uri("static:", "tcp://", "ssl://", "failover:")(
+                    f"static:({parent_uri})", "network_connector[0].uri")
+                ncs = (dataclasses.replace(ncs[0], uri=mesh),)
+        return dataclasses.replace(cfg, broker=broker, tree_connector=tc,
+                                   network_connectors=ncs)
 
 
 class App:
@@ -120,7 +197,9 @@ class App:
 
     async def run(self, stream: trio.abc.Stream, *,
                   task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Hello, then read (acking deliveries) and write until the stream ends."""
+        """Hello, then read (acking deliveries) and write until the stream ends; on an
+        in-process frame link, return after the hello (the link hands the App its
+        frames, the App writes into it directly)."""
         framed = stream if type(stream) is FrameEnd else FramedStream(stream)
         await framed.send_frame(Hello(PROTOCOL_VERSION, "client", name=f"{self.broker_id}-app",
                                       username=self.username, password=self.password))
@@ -143,7 +222,10 @@ class App:
             self._direct = framed
             early, self._out = self._out, []
             framed.send_now(early)
-            await self._read(framed, first[1:])
+            # ... and hands the App what the broker sends in the broker's own call: the
+            # App acks synchronously, so it needs no reader task either (issue #14)
+            self._handle(first[1:])
+            framed.deliver_to(self._handle)
             return
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._writer, framed)
@@ -210,6 +292,18 @@ def apply_traffic(step: Step, sites: dict, consumers: dict, body: bytes) -> bool
     return True
 
 
+class _Started:
+    """A ``task_status`` whose ``started(value)`` calls ``call(value)``."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, call: Callable[[Any], None]) -> None:
+        self.call = call
+
+    def started(self, value: Any = None) -> None:
+        self.call(value)
+
+
 class _Site:
     __slots__ = ("spec", "node", "store", "app", "scope", "nursery", "alive", "port",
                  "up", "stopped", "link_stream", "rng")
@@ -251,6 +345,7 @@ class LiveEngine:
         self._root: trio.Nursery | None = None
         self._body = b"x" * plan.scenario.workload.body_bytes
         self._sharing = Sharing()   # memory-saving tables shared by all its Sites
+        self._configs = SiteConfigs(mode)   # parsed once per shape of site
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, Any]:
@@ -273,9 +368,11 @@ class LiveEngine:
             self._root = root
             for i, spec in enumerate(self.topology.brokers):
                 self.sites[spec.id] = _Site(spec, plan.scenario.seed * 100_003 + i)
-            async with trio.open_nursery() as starting:   # all at once: dials wait for
-                for spec in self.topology.brokers:          # their parent in _dial
-                    starting.start_soon(partial(self._start, self.sites[spec.id], info=True))
+            # all at once: dials wait for their parent in _dial
+            ready = [self._launch(self.sites[spec.id], info=True)
+                     for spec in self.topology.brokers]
+            for up in ready:
+                await up.wait()
             for step in plan.steps:
                 await trio.sleep_until(self._t0 + step.at)
                 await self._step(step)
@@ -292,11 +389,18 @@ class LiveEngine:
 
     # ------------------------------------------------------------------ sites
     async def _start(self, site: _Site, *, info: bool) -> None:
+        await self._launch(site, info=info).wait()
+
+    def _launch(self, site: _Site, *, info: bool) -> trio.Event:
+        """Start the site's node in the root nursery; the event is set once it is up
+        (its App connected) -- or gone: an error goes to the root nursery."""
         spec = self.topology.broker(site.spec.id)
         site.spec = spec
         if info:
             self.rec.emit(self.now(), spec.id, "broker.info", broker_info(self.mode, spec))
-        await self._root.start(self._run_site, site)
+        ready = trio.Event()
+        self._root.start_soon(self._run_site, site, ready)
+        return ready
 
     def _config(self, site: _Site) -> BrokerConfig:
         spec = site.spec
@@ -304,11 +408,12 @@ class LiveEngine:
         # The parent URI names the parent; _dial (the node's open_stream hook) resolves it
         # to the parent's current memory listener or loopback port.
         listen = (f"tcp://127.0.0.1:{site.port}",) if self.tcp else ()
-        parent_uri = f"tcp://{parent.spec.id}:{_LINK_PORT}" if parent is not None else None
-        return site_config(self.mode, spec, parent_uri=parent_uri, listen=listen)
+        return self._configs.get(spec, parent=parent.spec.id if parent is not None else None,
+                                 uri=_link_uri, listen=listen)
 
-    async def _run_site(self, site: _Site, *, task_status: Any = trio.TASK_STATUS_IGNORED,
-                        ) -> None:
+    async def _run_site(self, site: _Site, ready: trio.Event) -> None:
+        """The site's node, served in this task (one task per site: no nursery of its
+        own, issue #14); its App connects from a task in the node's nursery."""
         from treefed.node import BrokerNode
 
         broker_id = site.spec.id
@@ -327,21 +432,32 @@ class LiveEngine:
         try:
             with trio.CancelScope() as scope:
                 site.scope = scope
-                async with trio.open_nursery() as nursery:
-                    site.nursery = nursery
-                    site.node = node
-                    addresses = await nursery.start(node.serve)
-                    if self.tcp and not site.port:
-                        site.port = addresses[0][1]
-                    app = site.app = App(broker_id)
-                    await nursery.start(app.run, await self._client_stream(site))
-                    for c in self.consumers.get(broker_id, {}).values():
-                        app.subscribe(c)
-                    site.alive = True
-                    site.up.set()
-                    task_status.started()
+                site.node = node
+                await node.serve(task_status=_Started(partial(self._served, site, ready)))
         finally:
             site.stopped.set()
+            ready.set()
+
+    def _served(self, site: _Site, ready: trio.Event, addresses: list) -> None:
+        """The site's node is serving (its ``task_status.started``)."""
+        site.nursery = site.node._nursery   # its connections' tasks, the App's
+        if self.tcp and not site.port:
+            site.port = addresses[0][1]
+        site.nursery.start_soon(self._connect_app, site, ready)
+
+    async def _connect_app(self, site: _Site, ready: trio.Event) -> None:
+        broker_id = site.spec.id
+        app = site.app = App(broker_id)
+        stream = await self._client_stream(site)
+        if type(stream) is FrameEnd:   # hello, then no task of its own
+            await app.run(stream)
+        else:
+            await site.nursery.start(app.run, stream)
+        for c in self.consumers.get(broker_id, {}).values():
+            app.subscribe(c)
+        site.alive = True
+        site.up.set()
+        ready.set()
 
     async def _client_stream(self, site: _Site) -> trio.abc.Stream:
         if self.tcp:
