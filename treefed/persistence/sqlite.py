@@ -101,7 +101,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +150,8 @@ _INSERT = "INSERT OR IGNORE INTO messages (id, dst, redelivered, blob) VALUES (?
 _UPDATE = "UPDATE messages SET redelivered = ? WHERE id = ? AND dst = ?"
 _DELETE = "DELETE FROM messages WHERE id = ? AND dst = ?"
 _SELECT = "SELECT id, dst, redelivered, blob FROM messages ORDER BY seq"
+_SELECT_PAGE = ("SELECT seq, id, redelivered, blob FROM messages WHERE dst = ? AND seq > ? "
+                "ORDER BY seq LIMIT ?")
 _SELECT_BLOB = "SELECT blob FROM messages WHERE id = ? AND dst = ?"
 # Consumed ids (duplicate detection across restarts).  ``seq`` is the rowid: the newest
 # row is never deleted, so max(seq) - window keeps exactly the newest ``window`` ids.
@@ -490,6 +492,44 @@ class SqliteStore(MessageStore):
             raise StoreError(f"message store {self.path}: a stored payload is "
                              f"undecodable: {exc}", code="store_corrupt") from exc
         return out
+
+    def load_page(self, dst: str, after: int, n: int,
+                  exclude: Collection[str] = ()) -> tuple[list[Message], int, bool]:
+        """Up to ``n`` stored messages of ``dst`` after store seq ``after``, oldest first,
+        leaving out the ids in ``exclude``: the broker's store cursor (core/spill.py)
+        pages a queue's backlog back in from here.  Returns ``(messages, seq of the last
+        one (0: none), exhausted)``; ``exhausted``: no more rows of ``dst`` after them."""
+        db = self._conn()
+        limit = n + len(exclude)
+        try:
+            rows = db.execute(_SELECT_PAGE, (dst, after, limit)).fetchall()
+        except sqlite3.Error as exc:
+            raise _store_error(exc, self.path, "load a page") from exc
+        out: list[Message] = []
+        last = 0
+        for seq, msg_id, redelivered, blob in rows:
+            if msg_id in exclude:
+                continue
+            if len(out) == n:
+                return out, last, False
+            out.append(self._decode(msg_id, dst, redelivered, blob))
+            last = seq
+        return out, last, len(rows) < limit
+
+    def _decode(self, msg_id: str, dst: str, redelivered: int, blob: bytes) -> Message:
+        try:
+            headers, body, persistent, priority, timestamp, expires, reply_to, path = (
+                cbor2.loads(blob)
+            )
+        except (cbor2.CBORError, ValueError, TypeError) as exc:  # wrong shape: Value/TypeError
+            raise StoreError(
+                f"message store {self.path}: payload of {msg_id!r} for {dst} is "
+                f"undecodable: {exc}",
+                code="store_corrupt",
+            ) from exc
+        return Message(id=msg_id, dst=dst, headers=headers, body=body, persistent=persistent,
+                       priority=priority, timestamp=timestamp, expires=expires,
+                       reply_to=reply_to, path=tuple(path), redelivered=redelivered)
 
     def load_consumed(self) -> list[str]:
         """The newest ``dedup_window`` consumed ids, oldest first."""
