@@ -56,7 +56,7 @@ class TestStoreCursor:
                     broker = node.site.broker
                     stats = broker.statistics()
                     assert stats["destinations"][Q]["depth"] == 300
-                    assert stats["memory"]["stored_only"] == 280
+                    assert stats["stored_only"] == 280
                     assert len(broker._dests[Q].pending) == 20
                     # redelivery: a consumer takes 30 without acking and leaves
                     assert await _take(uri, 30, prefetch=30, ack=False) == list(range(30))
@@ -64,7 +64,7 @@ class TestStoreCursor:
                     assert await _take(uri, 300, prefetch=7) == list(range(300))
                     await wait_for(lambda: broker.statistics()["destinations"][Q]["depth"]
                                    == 0 and broker._dests[Q].inflight == 0)
-                    assert broker.statistics()["memory"]["stored_only"] == 0
+                    assert broker.statistics()["stored_only"] == 0
                     await wait_for(lambda: store.load() == [])
                     nursery.cancel_scope.cancel()
             finally:
@@ -102,18 +102,52 @@ class TestStoreCursor:
                 node, uri = await start_node(
                     nursery, make_config(tmp_path / "data",
                                          max_queue_memory_bytes=20_000))
-                sender = nursery.start_soon
+                broker = node.site.broker
                 done = trio.Event()
 
                 async def produce() -> None:
                     await _send(uri, 0, 2000, persistent=False)
                     done.set()
 
-                sender(produce)
-                broker = node.site.broker
-                await wait_for(lambda: broker.statistics()["parked"])   # it waits
-                assert broker._dests[Q].bytes <= 20_000
-                assert not done.is_set()
-                assert await _take(uri, 2000, prefetch=50) == list(range(2000))
+                async with connect(uri, client_id="cursor-consumer") as consumer:
+                    sub = await consumer.subscribe(Q, prefetch=50)
+                    nursery.start_soon(produce)
+                    await wait_for(lambda: broker.statistics()["parked"])   # it waits
+                    d = broker._dests[Q]
+                    assert sum(m.nbytes for m in d.pending) <= 20_000 + 100
+                    assert not done.is_set()
+                    got = []
+                    for _ in range(2000):
+                        msg = await sub.receive()
+                        got.append(int(msg.body))
+                        await msg.ack()
+                    assert got == list(range(2000))
                 await done.wait()
+                nursery.cancel_scope.cancel()
+
+    async def test_a_waiting_producer_keeps_its_connection_through_heartbeats(
+            self, tmp_path):
+        # the broker does not read a paused producer, so it cannot answer its pings: it
+        # pings the producer instead, each interval, and the client sees it alive
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                node, uri = await start_node(
+                    nursery, make_config(tmp_path / "data", heartbeat_interval=0.2,
+                                         max_queue_memory_bytes=5_000))
+                broker = node.site.broker
+                async with connect(uri, client_id="cursor-consumer") as consumer:
+                    sub = await consumer.subscribe(Q, prefetch=1)
+                    async with connect(uri, client_id="cursor-producer") as producer:
+                        for i in range(300):
+                            await producer.send(Q, str(i).encode(), confirm=False)
+                        await wait_for(lambda: broker.statistics()["parked"])
+                        await trio.sleep(1.5)          # > 2 heartbeat intervals paused
+                        got = []
+                        for _ in range(300):
+                            msg = await sub.receive()
+                            got.append(int(msg.body))
+                            await msg.ack()
+                        assert got == list(range(300))
+                        await producer.flush()
+                        assert await producer.stat()   # still connected
                 nursery.cancel_scope.cancel()

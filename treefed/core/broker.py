@@ -687,10 +687,10 @@ class Broker:
             "messages": {"produced": self.produced, "received": self.received,
                          "delivered": self.delivered, "forwarded": self.forwarded},
             "memory": {"held_bytes": self._mem, "paged_out_bytes": self._paged,
-                       "stored_only": sum(d.spilled for d in self._spilling),
                        "max_memory_bytes": self.max_memory_bytes,
                        "destinations_collected": self.collected},
             "parked": sum(len(cs.parked) for cs in self._conns.values() if cs.parked),
+            "stored_only": sum(d.spilled for d in self._spilling),   # past their page
             "index": self._subs.statistics(),
         }
 
@@ -828,7 +828,8 @@ class Broker:
                                  self.max_memory_bytes)
         if d.limited and not self._check_limits(cs, d, size, out):
             return False
-        if self.queue_memory_bytes and d.pending and not m.persistent and not d.topic \
+        if self.queue_memory_bytes and d.pending and d.consumers and not m.persistent \
+                and not d.topic \
                 and self._waiting_bytes(d) + size > self.queue_memory_bytes \
                 and self._may_pause(cs, d):
             self._blocked.block(cs, d)   # waits for room: _settle & co call note_room
@@ -1455,9 +1456,10 @@ class Broker:
         return (d.bytes - d.spilled_bytes) * waiting // (waiting + d.inflight)
 
     def _may_pause(self, cs: Conn, d: Dest) -> bool:
-        """Producer flow control may pause ``cs`` for room at ``d`` unless ``cs`` itself
-        consumes from ``d``: paused, its acks would never make that room (nor one that
-        is closing: ``_admit_on_close``)."""
+        """Producer flow control (only while ``d`` has consumers: without one, messages
+        wait up to ``max_memory_bytes`` as before) may pause ``cs`` for room at ``d``
+        unless ``cs`` itself consumes from ``d``: paused, its acks would never make that
+        room (nor one that is closing: ``_admit_on_close``)."""
         if cs is self._closing_conn:
             return False
         for c in d.consumers:

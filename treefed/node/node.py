@@ -831,6 +831,11 @@ class BrokerNode:
             await trio.sleep(interval)
             now = trio.current_time()
             for c in list(self._conns.values()):
+                if c.paused and not c.closing and c.framed.protocol == "treefed":
+                    # we do not read it, so its pings go unanswered: a ping from us each
+                    # interval tells its client we are alive (producer flow control)
+                    c.queue(Ping(0))
+                    continue
                 if c.kind is _PENDING or c.closing or c.paused \
                         or c.framed.protocol != "treefed":   # STOMP: its own heart-beats
                     continue
