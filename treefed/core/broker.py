@@ -1494,12 +1494,13 @@ class Broker:
     def _refill(self, out: list) -> None:
         """Ask the shell for the next page of each queue whose page ran low and that has
         consumers (one PageIn out per queue at a time)."""
-        low = max(1, self.page_size // 2)
-        for d in list(self._spilling):
-            if not d.alive:
-                self._spilling.pop(d, None)
-                continue
+        low = (self.page_size + 1) // 2
+        dead = None
+        for d in self._spilling:   # called after every input: the common case is a look
             if d.spill_paging or len(d.pending) >= low or not d.consumers:
+                continue
+            if not d.alive:
+                dead = [d] if dead is None else dead + [d]
                 continue
             exclude: frozenset = frozenset()
             if not d.spill_cursor:
@@ -1513,6 +1514,9 @@ class Broker:
             d.spill_paging = True
             out.append(PageIn(d.name, self.page_size - len(d.pending), d.spill_cursor,
                               exclude))
+        if dead is not None:
+            for d in dead:
+                self._spilling.pop(d, None)
 
     def _count_drop(self, reason: str, msg_id: str, dst: str, out: list) -> None:
         self._dropped[reason] = self._dropped.get(reason, 0) + 1

@@ -513,12 +513,20 @@ class SqliteStore(MessageStore):
             raise _store_error(exc, self.path, "load a page") from exc
         out: list[Message] = []
         last = 0
+        loads = cbor2.loads
         for seq, msg_id, redelivered, blob in rows:
-            if msg_id in exclude:
+            if exclude and msg_id in exclude:
                 continue
             if len(out) == n:
                 return out, last, False
-            out.append(self._decode(msg_id, dst, redelivered, blob))
+            try:
+                headers, body, persistent, priority, timestamp, expires, reply_to, path = (
+                    loads(blob))
+            except (cbor2.CBORError, ValueError, TypeError):
+                self._decode(msg_id, dst, redelivered, blob)   # raises the StoreError
+                raise
+            out.append(Message(msg_id, dst, headers, body, persistent, priority, timestamp,
+                               expires, reply_to, tuple(path), redelivered))
             last = seq
         return out, last, len(rows) < limit
 
