@@ -114,6 +114,7 @@ def test_first_page_leaves_out_the_messages_held_in_memory():
     (p,) = page_ins(out)
     # 3 in flight + 1 waiting are in memory: their rows must not come back as new
     assert p.after == 0 and p.exclude == {"m0", "m1", "m2", "m3"}
+    assert p.first == "m4"            # or, cheaper: from the first stored-only one's row
 
 
 def test_a_new_message_waits_behind_the_stored_ones_even_with_credit_free():

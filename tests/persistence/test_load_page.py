@@ -31,6 +31,20 @@ def test_pages_come_in_store_order_leaving_out_memory_and_other_queues(tmp_path)
         store.close()
 
 
+def test_a_page_can_start_at_the_row_of_an_id(tmp_path):
+    store = SqliteStore(tmp_path / "d")
+    try:
+        store.apply([_msg(i) for i in range(10)], [])
+        # from p:6's row on, no exclusion needed (what is held in memory is before it)
+        page, _, done = store.load_page("queue://A", 0, 3, {"p:0", "p:1"}, first="p:6")
+        assert [m.id for m in page] == ["p:6", "p:7", "p:8"] and not done
+        # an id without a row: the exclusion as given
+        page, _, _ = store.load_page("queue://A", 0, 2, {"p:0", "p:1"}, first="p:99")
+        assert [m.id for m in page] == ["p:2", "p:3"]
+    finally:
+        store.close()
+
+
 def test_page_cache_is_bounded(tmp_path):
     store = SqliteStore(tmp_path / "d")
     try:

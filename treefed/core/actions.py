@@ -68,12 +68,14 @@ class PageIn(Action):
     """Read back from the store, after this batch's commit, up to ``n`` messages of
     queue ``dst`` that live there only (core/spill.py): rows after store seq ``after``,
     oldest first, leaving out the ids in ``exclude`` (held in memory); hand them to
-    ``Broker.page_in``."""
+    ``Broker.page_in``.  ``first`` (with ``after`` 0): the id of the spell's first
+    stored-only message -- rows from its row on need no ``exclude``."""
 
     dst: str
     n: int
     after: int
     exclude: frozenset = frozenset()
+    first: str | None = None
 
 
 class SharedFields(dict):

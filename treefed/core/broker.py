@@ -1423,6 +1423,7 @@ class Broker:
             self._spilling.pop(d, None)
             d.spill_cursor = 0
             d.spilled_bytes = 0
+            d.spill_first = None
         if d.pending:
             self._drain(d, now, out)
         self._finish(now, out)
@@ -1475,6 +1476,8 @@ class Broker:
         m.spilled = True
         self._dups.release(m.id)
         size = msg_size(m)
+        if not d.spilled and not d.spill_cursor:
+            d.spill_first = m.id   # the first page-in starts at its row
         d.spilled += 1
         d.spilled_bytes += size
         self._mem -= size
@@ -1490,6 +1493,7 @@ class Broker:
         if not d.spilled:
             self._spilling.pop(d, None)
             d.spill_cursor = 0
+            d.spill_first = None
 
     def _refill(self, out: list) -> None:
         """Ask the shell for the next page of each queue whose page ran low and that has
@@ -1513,7 +1517,7 @@ class Broker:
                 exclude = frozenset(ids)
             d.spill_paging = True
             out.append(PageIn(d.name, self.page_size - len(d.pending), d.spill_cursor,
-                              exclude))
+                              exclude, None if d.spill_cursor else d.spill_first))
         if dead is not None:
             for d in dead:
                 self._spilling.pop(d, None)

@@ -122,7 +122,7 @@ class Dest:
                  "consumers", "fallbacks", "replayers", "pending", "inflight", "bytes", "enqueued",
                  "dequeued", "expiring", "next_expiry", "blocked", "roomy", "owner", "alive",
                  "replay_timer", "touched", "spilled", "spilled_bytes", "spill_cursor",
-                 "spill_paging")
+                 "spill_paging", "spill_first")
 
     def __init__(self, name: str, policy: Any) -> None:
         self.name = name
@@ -155,6 +155,7 @@ class Dest:
         self.spilled_bytes = 0                 # their msg_size sum (counted in ``bytes``)
         self.spill_cursor = 0                  # store seq of the last one paged back in
         self.spill_paging = False              # a PageIn for it is out
+        self.spill_first: str | None = None    # id of the first one of this spell
 
 
 def info(c: Consumer) -> ConsumerInfo:

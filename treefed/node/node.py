@@ -1452,7 +1452,7 @@ class BrokerNode:
         asks again when its page next runs low."""
         try:
             msgs, cursor, exhausted = await trio.to_thread.run_sync(
-                self.store.load_page, a.dst, a.after, a.n, a.exclude)
+                self.store.load_page, a.dst, a.after, a.n, a.exclude, a.first)
         except StoreError as exc:
             self.log.error("store.page_failed", dst=a.dst, error=exc.message)
             msgs, cursor, exhausted = [], 0, False

@@ -157,6 +157,7 @@ _DELETE = "DELETE FROM messages WHERE id = ? AND dst = ?"
 _SELECT = "SELECT id, dst, redelivered, blob FROM messages ORDER BY seq"
 _SELECT_PAGE = ("SELECT seq, id, redelivered, blob FROM messages WHERE dst = ? AND seq > ? "
                 "ORDER BY seq LIMIT ?")
+_SELECT_SEQ = "SELECT seq FROM messages WHERE id = ? AND dst = ?"
 _SELECT_BLOB = "SELECT blob FROM messages WHERE id = ? AND dst = ?"
 # Consumed ids (duplicate detection across restarts).  ``seq`` is the rowid: the newest
 # row is never deleted, so max(seq) - window keeps exactly the newest ``window`` ids.
@@ -499,13 +500,22 @@ class SqliteStore(MessageStore):
                              f"undecodable: {exc}", code="store_corrupt") from exc
         return out
 
-    def load_page(self, dst: str, after: int, n: int,
-                  exclude: Collection[str] = ()) -> tuple[list[Message], int, bool]:
+    def load_page(self, dst: str, after: int, n: int, exclude: Collection[str] = (),
+                  first: str | None = None) -> tuple[list[Message], int, bool]:
         """Up to ``n`` stored messages of ``dst`` after store seq ``after``, oldest first,
         leaving out the ids in ``exclude``: the broker's store cursor (core/spill.py)
-        pages a queue's backlog back in from here.  Returns ``(messages, seq of the last
-        one (0: none), exhausted)``; ``exhausted``: no more rows of ``dst`` after them."""
+        pages a queue's backlog back in from here.  ``first``: start at the row of this
+        id instead, without ``exclude`` (when it has no row: ``exclude`` as given).
+        Returns ``(messages, seq of the last one (0: none), exhausted)``; ``exhausted``:
+        no more rows of ``dst`` after them."""
         db = self._conn()
+        if first is not None:
+            try:
+                row = db.execute(_SELECT_SEQ, (first, dst)).fetchone()
+            except sqlite3.Error as exc:
+                raise _store_error(exc, self.path, "load a page") from exc
+            if row is not None:
+                after, exclude = row[0] - 1, ()
         limit = n + len(exclude)
         try:
             rows = db.execute(_SELECT_PAGE, (dst, after, limit)).fetchall()
