@@ -1,4 +1,4 @@
-"""``SqliteStore.load_page``: the store cursor's read side (issue #14, core/spill.py), and
+"""``SqliteStore.load_page``: the store cursor's read side (issue #14, core/broker.py), and
 the store's page cache size (its RSS after a big backlog)."""
 
 from treefed.core.message import Message

@@ -66,7 +66,7 @@ class DeleteMessage(Action):
 @dataclass(slots=True)
 class PageIn(Action):
     """Read back from the store, after this batch's commit, up to ``n`` messages of
-    queue ``dst`` that live there only (core/spill.py): rows after store seq ``after``,
+    queue ``dst`` that live there only (core/broker.py): rows after store seq ``after``,
     oldest first, leaving out the ids in ``exclude`` (held in memory); hand them to
     ``Broker.page_in``.  ``first`` (with ``after`` 0): the id of the spell's first
     stored-only message -- rows from its row on need no ``exclude``."""

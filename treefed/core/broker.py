@@ -173,7 +173,7 @@ class Broker:
         self._idle_due: float | None = None
         self.collected = 0                        # destinations forgotten as idle
         self.pageable = False   # the shell sets it when its store can read bodies back
-        # the store cursor (core/spill.py; 0 = off): a queue holds at most this many
+        # the store cursor (core/broker.py; 0 = off): a queue holds at most this many
         # waiting persistent messages in memory, the rest stay in the store only and are
         # paged back in (PageIn -> page_in) as consumers take the page -- the shell sets it
         # when its store can read pages (ActiveMQ's maxPageSize)
@@ -664,8 +664,9 @@ class Broker:
     def statistics(self) -> dict:
         """JSON-able snapshot: connections, destinations, consumers, drop counters."""
         dests = {
-            name: {"depth": len(d.pending) + d.spilled, "enqueued": d.enqueued, "dequeued": d.dequeued,
-                   "consumers": len(d.consumers), "inflight": d.inflight, "bytes": d.bytes}
+            name: {"depth": len(d.pending) + d.spilled, "enqueued": d.enqueued,
+                   "dequeued": d.dequeued, "consumers": len(d.consumers),
+                   "inflight": d.inflight, "bytes": d.bytes}
             for name, d in self._dests.items()
         }
         consumers = []

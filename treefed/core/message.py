@@ -35,7 +35,7 @@ class Message:
     nbytes: int = -1             # ``records.msg_size`` once computed (-1: not yet): the
                                  # memory and limit books add and subtract the same figure
     spilled: bool = False        # past its queue's page: it lives in the store only
-                                 # (core/spill.py); the core keeps no reference to it
+                                 # (core/broker.py); the core keeps no reference to it
 
     @property
     def size(self) -> int:

@@ -150,7 +150,7 @@ class Dest:
         self.replay_timer = 0.0                # latest replay timer scheduled for it
         self.touched = -1.0                    # last message admitted (idle collection;
         #                                        -1: none yet)
-        # persistent messages past the page, in the store only (core/spill.py)
+        # persistent messages past the page, in the store only (core/broker.py)
         self.spilled = 0                       # how many
         self.spilled_bytes = 0                 # their msg_size sum (counted in ``bytes``)
         self.spill_cursor = 0                  # store seq of the last one paged back in

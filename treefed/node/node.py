@@ -425,7 +425,7 @@ class BrokerNode:
             and hasattr(self.store, "load_bodies")
         broker.pageable = self._pageable
         if self._threaded_store and hasattr(self.store, "load_page"):
-            broker.page_size = b.max_page_messages   # the store cursor (core/spill.py)
+            broker.page_size = b.max_page_messages   # the store cursor (core/broker.py)
         broker.queue_memory_bytes = b.max_queue_memory_bytes   # producer flow control
         tree = config.tree_connector.tree_settings() if config.tree_connector else None
         self.site = Site(b.id, broker=broker, tree=tree,
@@ -1448,7 +1448,7 @@ class BrokerNode:
 
     async def _page_in_rows(self, a: PageIn, now: float) -> list:
         """Read the next page of queue ``a.dst`` from the store for the core's store
-        cursor (core/spill.py).  A failed read leaves the backlog in the store; the core
+        cursor (core/broker.py).  A failed read leaves the backlog in the store; the core
         asks again when its page next runs low."""
         try:
             msgs, cursor, exhausted = await trio.to_thread.run_sync(

@@ -126,7 +126,7 @@ ROOM_MARGIN = 256 * 1024
 #: checkpoint adds to the database file, which the reserve must cover
 CHECKPOINT_BYTES = 2 * 1024 * 1024
 #: SQLite's page cache, KiB (its default is 2,000): the broker appends at the end of the
-#: table, deletes at its head and pages a queue in from its cursor (core/spill.py), and
+#: table, deletes at its head and pages a queue in from its cursor (core/broker.py), and
 #: the kernel's page cache holds the rest; after a 100,000-message backlog the default's
 #: 2 MiB stayed resident in the store thread's heap (issue #14: broker RSS).
 CACHE_KIB = 512
@@ -503,7 +503,7 @@ class SqliteStore(MessageStore):
     def load_page(self, dst: str, after: int, n: int, exclude: Collection[str] = (),
                   first: str | None = None) -> tuple[list[Message], int, bool]:
         """Up to ``n`` stored messages of ``dst`` after store seq ``after``, oldest first,
-        leaving out the ids in ``exclude``: the broker's store cursor (core/spill.py)
+        leaving out the ids in ``exclude``: the broker's store cursor (core/broker.py)
         pages a queue's backlog back in from here.  ``first``: start at the row of this
         id instead, without ``exclude`` (when it has no row: ``exclude`` as given).
         Returns ``(messages, seq of the last one (0: none), exhausted)``; ``exhausted``:
