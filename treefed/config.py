@@ -94,6 +94,13 @@ class BrokerSection:
     max_memory_bytes: int = 512 * 1024 * 1024  # message bytes held in memory (queues,
     #                                  topic backlogs); past it sends are refused
     #                                  "memory_full"; 0 = no cap
+    max_queue_memory_bytes: int = 1024 * 1024  # a local producer's non-persistent send to
+    #                                  a queue with more message bytes waiting in memory
+    #                                  for a consumer waits (its connection paused) until
+    #                                  consumers take some; 0 = never (producer flow control)
+    max_page_messages: int = 200     # waiting persistent messages a queue holds in memory;
+    #                                  the rest stay in the store only, paged back in as
+    #                                  consumers take them (ActiveMQ's maxPageSize); 0 = all
     idle_destination_seconds: float = 300.0  # an empty destination without consumers of
     #                                  its own is forgotten after this long; 0 = never
 
@@ -537,6 +544,8 @@ _BROKER: dict[str, tuple[Checker, Any]] = {
     "max_inflight_per_connection": (_int(0), 1_000_000),
     "max_pending_bytes_per_connection": (_int(0), 64 * 1024 * 1024),
     "max_memory_bytes": (_int(0), 512 * 1024 * 1024),
+    "max_page_messages": (_int(0), 200),
+    "max_queue_memory_bytes": (_int(0), 1024 * 1024),
     "idle_destination_seconds": (_number(0.0), 300.0),
 }
 

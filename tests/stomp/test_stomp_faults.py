@@ -252,7 +252,11 @@ class TestFlowControl:
         once the socket is full, at most its prefetch waits in its connection's queue and
         the rest stays on the broker."""
         with trio.fail_after(30):
-            node, uri, port = await start_stomp_node(nursery, stomp_doc(tmp_path))
+            # the broker, not the producer, holds the rest: producer flow control off (on,
+            # the producer's flush would wait for the stalled consumer -- README "Backlog
+            # memory"; tests/node/test_store_cursor.py covers it)
+            node, uri, port = await start_stomp_node(
+                nursery, stomp_doc(tmp_path, max_queue_memory_bytes=0))
             peer = await RawStomp.open(port)
             await peer.send(StompFrame("SUBSCRIBE", {"id": "s", "destination": "/queue/big",
                                                      "activemq.prefetchSize": "10",

@@ -20,7 +20,7 @@ from typing import Any
 from treefed.wire.frames import Error, Frame
 
 __all__ = ["Action", "Out", "Close", "StoreMessage", "DeleteMessage", "Log", "SharedFields",
-           "Pause", "Resume", "Drop"]
+           "Pause", "Resume", "Drop", "PageIn"]
 
 
 class Action:
@@ -61,6 +61,21 @@ class DeleteMessage(Action):
     msg_id: str
     dst: str
     consumed: bool = False
+
+
+@dataclass(slots=True)
+class PageIn(Action):
+    """Read back from the store, after this batch's commit, up to ``n`` messages of
+    queue ``dst`` that live there only (core/broker.py): rows after store seq ``after``,
+    oldest first, leaving out the ids in ``exclude`` (held in memory); hand them to
+    ``Broker.page_in``.  ``first`` (with ``after`` 0): the id of the spell's first
+    stored-only message -- rows from its row on need no ``exclude``."""
+
+    dst: str
+    n: int
+    after: int
+    exclude: frozenset = frozenset()
+    first: str | None = None
 
 
 class SharedFields(dict):

@@ -97,6 +97,7 @@ from itertools import count
 from typing import Any, Callable, Iterable
 
 from treefed.core.actions import Action, DeleteMessage, Log, Out, Pause, Resume, StoreMessage
+from treefed.core.actions import PageIn
 from treefed.core.destinations import is_wildcard, parse_destination
 from treefed.core.dispatch import NOBODY, fanout, pick, take
 from treefed.core.duplicates import Duplicates
@@ -172,6 +173,18 @@ class Broker:
         self._idle_due: float | None = None
         self.collected = 0                        # destinations forgotten as idle
         self.pageable = False   # the shell sets it when its store can read bodies back
+        # the store cursor (core/broker.py; 0 = off): a queue holds at most this many
+        # waiting persistent messages in memory, the rest stay in the store only and are
+        # paged back in (PageIn -> page_in) as consumers take the page -- the shell sets it
+        # when its store can read pages (ActiveMQ's maxPageSize)
+        self.page_size = 0
+        self._spilling: dict[Dest, None] = {}     # queues with messages in the store only
+        # producer flow control for non-persistent sends (0 = off; the shell sets it from
+        # broker.max_queue_memory_bytes): a local producer's non-persistent send to a queue
+        # whose messages in memory would pass this is parked, its connection paused, until
+        # consumers take some (ActiveMQ: producerFlowControl with a queue memoryLimit)
+        self.queue_memory_bytes = 0
+        self._closing_conn: Conn | None = None   # see _admit_on_close
         # per client connection (issue #12, defect 7; 0 = unlimited): its consumers, and
         # the sum of their prefetch -- what it may hold delivered and unacked at once
         self.max_subscriptions_per_conn = max_subscriptions_per_conn
@@ -234,6 +247,8 @@ class Broker:
         out: list[Action] = []
         for c in list(cs.consumers.values()):
             self._remove(c, now, out)
+        if cs.parked and self.queue_memory_bytes:
+            self._admit_on_close(cs, now, out)
         self._blocked.leave(cs)
         for name in cs.temps:
             d = self._dests.get(name)
@@ -475,12 +490,15 @@ class Broker:
         self._finish(now, out)
         return out
 
-    def withdraw(self, msg_id: str, dst: str, now: float) -> list[Action]:
+    def withdraw(self, msg_id: str, dst: str, now: float,
+                 msg: Message | None = None) -> list[Action]:
         """Take back an accepted persistent message the shell could not store (the
         commit failed: store full).  It leaves pending, or the consumer it was given to
         (whose Deliver/Forward of this batch the shell must not send; credit returns),
         and is forgotten by the duplicate checks, so the producer's retry or the peer's
-        re-forward is accepted later.  Unknown (id, dst): nothing happens."""
+        re-forward is accepted later.  Unknown (id, dst): nothing happens.  ``msg``: the
+        message of the failed StoreMessage -- one past its queue's page (``spilled``) is
+        known to the core by count only."""
         d = self._dests.get(dst)
         if d is None or d.topic:
             return []
@@ -507,6 +525,9 @@ class Broker:
                     holder = c
                     break
                 m = None
+        if m is None and msg is not None and msg.spilled and d.spilled:
+            m = msg
+            self._unspill(d, m)
         if m is None:
             return out
         d.enqueued -= 1
@@ -601,7 +622,7 @@ class Broker:
         not a temporary one (those die with their owner).  Runs every half period."""
         idle = self.idle_destination_seconds
         for d in list(self._dests.values()):
-            if d.temp or d.pending or d.inflight or d.blocked or d.roomy:
+            if d.temp or d.pending or d.inflight or d.blocked or d.roomy or d.spilled:
                 continue
             if len(d.consumers) != d.fallbacks and any(
                     c.pattern == d.name for c in d.consumers):
@@ -637,14 +658,15 @@ class Broker:
     def destination_sizes(self) -> list[tuple[str, int, int, int]]:
         """``(name, depth, bytes, consumers)`` per destination: what monitoring scrapes,
         without the copy of every consumer that ``statistics`` makes."""
-        return [(d.name, len(d.pending), d.bytes, len(d.consumers))
+        return [(d.name, len(d.pending) + d.spilled, d.bytes, len(d.consumers))
                 for d in self._dests.values()]
 
     def statistics(self) -> dict:
         """JSON-able snapshot: connections, destinations, consumers, drop counters."""
         dests = {
-            name: {"depth": len(d.pending), "enqueued": d.enqueued, "dequeued": d.dequeued,
-                   "consumers": len(d.consumers), "inflight": d.inflight, "bytes": d.bytes}
+            name: {"depth": len(d.pending) + d.spilled, "enqueued": d.enqueued,
+                   "dequeued": d.dequeued, "consumers": len(d.consumers),
+                   "inflight": d.inflight, "bytes": d.bytes}
             for name, d in self._dests.items()
         }
         consumers = []
@@ -669,6 +691,7 @@ class Broker:
                        "max_memory_bytes": self.max_memory_bytes,
                        "destinations_collected": self.collected},
             "parked": sum(len(cs.parked) for cs in self._conns.values() if cs.parked),
+            "stored_only": sum(d.spilled for d in self._spilling),   # past their page
             "index": self._subs.statistics(),
         }
 
@@ -806,6 +829,12 @@ class Broker:
                                  self.max_memory_bytes)
         if d.limited and not self._check_limits(cs, d, size, out):
             return False
+        if self.queue_memory_bytes and d.pending and d.consumers and not m.persistent \
+                and not d.topic \
+                and self._waiting_bytes(d) + size > self.queue_memory_bytes \
+                and self._may_pause(cs, d):
+            self._blocked.block(cs, d)   # waits for room: _settle & co call note_room
+            return False
         d.enqueued += 1
         d.touched = now
         if not d.topic:
@@ -929,6 +958,8 @@ class Broker:
     def _finish(self, now: float, out: list) -> None:
         if self._blocked.room:
             self._unblock(now, out)
+        if self._spilling:
+            self._refill(out)
 
     def _unblock(self, now: float, out: list) -> None:
         """Re-run parked sends of conns blocked on destinations that gained room."""
@@ -962,6 +993,9 @@ class Broker:
         if m.expires and now >= m.expires:
             self._expire(d, m, now, out)
             return
+        if d.spilled and m.persistent and d.stored:
+            self._spill(d, m)   # behind the ones in the store: it waits its turn there
+            return
         i = pick(d, m, now) if d.consumers else NOBODY
         if i == NOBODY and not m.rested:
             # No consumer here could ever take it (credit aside): it rests, and a replay
@@ -970,7 +1004,11 @@ class Broker:
             if d.replayers:
                 i = pick(d, m, now)
         if i < 0:
-            self._push_pending(d, m)
+            if m.persistent and d.stored and self.page_size \
+                    and len(d.pending) >= self.page_size:
+                self._spill(d, m)
+            else:
+                self._push_pending(d, m)
         else:
             self._give(take(d, i), d, m, out)
 
@@ -1355,6 +1393,135 @@ class Broker:
             out.append(StoreMessage(dm))
         self._dead_lettered += 1
         self._dispatch_new(dd, dm, now, out)
+
+    # ------------------------------------------------------------------ store cursor
+
+    def page_in(self, dst: str, msgs: list[Message], cursor: int, exhausted: bool,
+                now: float) -> list[Action]:
+        """The shell's answer to ``PageIn``: ``msgs`` (oldest first) were read back from
+        the store for queue ``dst``, the last at store seq ``cursor``; ``exhausted``: the
+        store has no more rows of ``dst`` after them.  They join the page and go out."""
+        out: list[Action] = []
+        d = self._dests.get(dst)
+        if d is None:
+            return out
+        d.spill_paging = False
+        hold = self._dups.hold
+        for m in msgs:
+            size = msg_size(m)
+            d.spilled -= 1
+            d.spilled_bytes -= size
+            self._mem += size
+            hold(m.id)
+            self._push_pending(d, m)
+        if cursor:
+            d.spill_cursor = cursor
+        if d.spilled < 0 or (exhausted and d.spilled):
+            # counted but not in the store (or the reverse): the store is the truth
+            d.bytes -= d.spilled_bytes
+            d.spilled = d.spilled_bytes = 0
+        if not d.spilled:
+            self._spilling.pop(d, None)
+            d.spill_cursor = 0
+            d.spilled_bytes = 0
+            d.spill_first = None
+        if d.pending:
+            self._drain(d, now, out)
+        self._finish(now, out)
+        return out
+
+    def _admit_on_close(self, cs: Conn, now: float, out: list) -> None:
+        """``cs`` closed (a producer that flushed and said goodbye) while sends waited
+        for room: the ones producer flow control held (already read, so already in
+        memory) are taken over the queue's limit, in order, rather than lost; the first
+        a destination policy blocks or refuses ends it (as before: discarded)."""
+        parked = cs.parked
+        self._blocked.leave(cs)
+        self._closing_conn = cs
+        try:
+            for f in parked:
+                if type(f) is not Send:
+                    break
+                try:
+                    if not self._admit_send(cs, f, now, out):
+                        break
+                except TreefedError:
+                    break
+        finally:
+            self._closing_conn = None
+
+    @staticmethod
+    def _waiting_bytes(d: Dest) -> int:
+        """The bytes of ``d``'s messages waiting in memory for a consumer (the held
+        bytes' share of them; what consumers were given is bounded by their prefetch)."""
+        waiting = len(d.pending)
+        return (d.bytes - d.spilled_bytes) * waiting // (waiting + d.inflight)
+
+    def _may_pause(self, cs: Conn, d: Dest) -> bool:
+        """Producer flow control (only while ``d`` has consumers: without one, messages
+        wait up to ``max_memory_bytes`` as before) may pause ``cs`` for room at ``d``
+        unless ``cs`` itself consumes from ``d``: paused, its acks would never make that
+        room (nor one that is closing: ``_admit_on_close``)."""
+        if cs is self._closing_conn:
+            return False
+        for c in d.consumers:
+            if c.cs is cs:
+                return False
+        return True
+
+    def _spill(self, d: Dest, m: Message) -> None:
+        """``m`` (stored by this batch) waits in the store only: the core drops it, its
+        id too -- a copy sent or forwarded again meanwhile is one row (the store's
+        INSERT OR IGNORE on (id, dst)) and the page-in finds it once; the count it added
+        is put right when the page-in reaches the end of the store (``page_in``)."""
+        m.spilled = True
+        self._dups.release(m.id)
+        size = msg_size(m)
+        if not d.spilled and not d.spill_cursor:
+            d.spill_first = m.id   # the first page-in starts at its row
+        d.spilled += 1
+        d.spilled_bytes += size
+        self._mem -= size
+        self._spilling[d] = None
+
+    def _unspill(self, d: Dest, m: Message) -> None:
+        """Spilled ``m`` was not stored after all (``withdraw``): back on the books, which
+        the caller then takes it off."""
+        size = msg_size(m)
+        d.spilled -= 1
+        d.spilled_bytes -= size
+        self._mem += size
+        if not d.spilled:
+            self._spilling.pop(d, None)
+            d.spill_cursor = 0
+            d.spill_first = None
+
+    def _refill(self, out: list) -> None:
+        """Ask the shell for the next page of each queue whose page ran low and that has
+        consumers (one PageIn out per queue at a time)."""
+        low = (self.page_size + 1) // 2
+        dead = None
+        for d in self._spilling:   # called after every input: the common case is a look
+            if d.spill_paging or len(d.pending) >= low or not d.consumers:
+                continue
+            if not d.alive:
+                dead = [d] if dead is None else dead + [d]
+                continue
+            exclude: frozenset = frozenset()
+            if not d.spill_cursor:
+                # the first page of a spell: the rows before the first spilled one are
+                # messages still held in memory (waiting or in flight) -- leave them out
+                ids = [m.id for m in d.pending]
+                name = d.name
+                for c in d.consumers:
+                    ids.extend(i for i, m in c.inflight.items() if m.dst == name)
+                exclude = frozenset(ids)
+            d.spill_paging = True
+            out.append(PageIn(d.name, self.page_size - len(d.pending), d.spill_cursor,
+                              exclude, None if d.spill_cursor else d.spill_first))
+        if dead is not None:
+            for d in dead:
+                self._spilling.pop(d, None)
 
     def _count_drop(self, reason: str, msg_id: str, dst: str, out: list) -> None:
         self._dropped[reason] = self._dropped.get(reason, 0) + 1

@@ -49,7 +49,7 @@ BLOCK = 2          # park it (and its connection) until the destination has room
 
 def full(d: Dest, size: int) -> bool:
     """Queue ``d`` cannot take a ``size``-byte message under its held limits."""
-    held = len(d.pending) + d.inflight
+    held = len(d.pending) + d.inflight + d.spilled   # spilled: in the store only
     if not held:
         return False   # an empty destination always takes one message (no deadlock)
     p = d.policy

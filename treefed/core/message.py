@@ -34,6 +34,8 @@ class Message:
                                  # waits for a local consumer to return rather than go back up
     nbytes: int = -1             # ``records.msg_size`` once computed (-1: not yet): the
                                  # memory and limit books add and subtract the same figure
+    spilled: bool = False        # past its queue's page: it lives in the store only
+                                 # (core/broker.py); the core keeps no reference to it
 
     @property
     def size(self) -> int:

@@ -121,7 +121,8 @@ class Dest:
     __slots__ = ("name", "topic", "temp", "stored", "policy", "local_only", "limited",
                  "consumers", "fallbacks", "replayers", "pending", "inflight", "bytes", "enqueued",
                  "dequeued", "expiring", "next_expiry", "blocked", "roomy", "owner", "alive",
-                 "replay_timer", "touched")
+                 "replay_timer", "touched", "spilled", "spilled_bytes", "spill_cursor",
+                 "spill_paging", "spill_first")
 
     def __init__(self, name: str, policy: Any) -> None:
         self.name = name
@@ -149,6 +150,12 @@ class Dest:
         self.replay_timer = 0.0                # latest replay timer scheduled for it
         self.touched = -1.0                    # last message admitted (idle collection;
         #                                        -1: none yet)
+        # persistent messages past the page, in the store only (core/broker.py)
+        self.spilled = 0                       # how many
+        self.spilled_bytes = 0                 # their msg_size sum (counted in ``bytes``)
+        self.spill_cursor = 0                  # store seq of the last one paged back in
+        self.spill_paging = False              # a PageIn for it is out
+        self.spill_first: str | None = None    # id of the first one of this spell
 
 
 def info(c: Consumer) -> ConsumerInfo:

@@ -133,6 +133,7 @@ import trio
 from treefed.config import BrokerConfig
 from treefed.core.actions import Close, DeleteMessage, Drop, Log, Out, Pause, Resume, \
     StoreMessage
+from treefed.core.actions import PageIn
 from treefed.core.broker import Broker
 from treefed.core.paging import paged_key
 from treefed.errors import FrameError, RemoteError, StoreError, TreefedError
@@ -425,6 +426,9 @@ class BrokerNode:
         self._pageable = bool(b.max_memory_bytes) and self._threaded_store \
             and hasattr(self.store, "load_bodies")
         broker.pageable = self._pageable
+        if self._threaded_store and hasattr(self.store, "load_page"):
+            broker.page_size = b.max_page_messages   # the store cursor (core/broker.py)
+        broker.queue_memory_bytes = b.max_queue_memory_bytes   # producer flow control
         tree = config.tree_connector.tree_settings() if config.tree_connector else None
         self.site = Site(b.id, broker=broker, tree=tree,
                          accept_tree_children=b.accept_tree_children, log_advisories=True,
@@ -843,6 +847,11 @@ class BrokerNode:
             await trio.sleep(interval)
             now = trio.current_time()
             for c in list(self._conns.values()):
+                if c.paused and not c.closing and c.framed.protocol == "treefed":
+                    # we do not read it, so its pings go unanswered: a ping from us each
+                    # interval tells its client we are alive (producer flow control)
+                    c.queue(Ping(0))
+                    continue
                 if c.kind is _PENDING or c.closing or c.paused \
                         or c.framed.protocol != "treefed":   # STOMP: its own heart-beats
                     continue
@@ -1235,6 +1244,7 @@ class BrokerNode:
             deletes: list = []
             consumed: list = []
             deferred: list = []
+            pages: list = []
             for a in actions:
                 kind = type(a)
                 if kind is Out or kind is Close:
@@ -1259,6 +1269,8 @@ class BrokerNode:
                         c.paused = False
                         c.resume.set()
                         c.resume = trio.Event()
+                elif kind is PageIn:
+                    pages.append(a)
             refused = None
             if self._pageable:
                 await self._page_in(stores, deferred)
@@ -1271,6 +1283,8 @@ class BrokerNode:
             more: list = []
             if refused is not None:
                 deferred = self._take_back(refused, stores, deferred, now, more)
+            for a in pages:   # after the commit: every spilled message is in the store
+                more += await self._page_in_rows(a, now)
             hold = 0   # > 0: the stores mark ForwardAcks wait for (see _release_held)
             if self._group_forwards:
                 mark = self.store.stores_mark()
@@ -1455,6 +1469,18 @@ class BrokerNode:
         for frame in frames:
             frame.body = bodies.get(frame.body.key, b"")
 
+    async def _page_in_rows(self, a: PageIn, now: float) -> list:
+        """Read the next page of queue ``a.dst`` from the store for the core's store
+        cursor (core/broker.py).  A failed read leaves the backlog in the store; the core
+        asks again when its page next runs low."""
+        try:
+            msgs, cursor, exhausted = await trio.to_thread.run_sync(
+                self.store.load_page, a.dst, a.after, a.n, a.exclude, a.first)
+        except StoreError as exc:
+            self.log.error("store.page_failed", dst=a.dst, error=exc.message)
+            msgs, cursor, exhausted = [], 0, False
+        return self.site.broker.page_in(a.dst, msgs, cursor, exhausted, now)
+
     def _take_back(self, refused: dict, stores: list, deferred: list, now: float,
                    more: list) -> list:
         """The batch's stores were not committed: withdraw those messages from the core
@@ -1464,7 +1490,7 @@ class BrokerNode:
         broker = self.site.broker
         stores = [m for m in stores if m.id in refused]   # the others were committed
         for m in stores:
-            more += broker.withdraw(m.id, m.dst, now)
+            more += broker.withdraw(m.id, m.dst, now, msg=m)
         gone = {(m.id, m.dst) for m in stores}
         kept: list = []
         for a in deferred:
