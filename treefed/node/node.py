@@ -232,6 +232,10 @@ _STORE_FULL = StoreError("the message store is full (max_store_bytes or the disk
                          "persistent message refused, retry later", code="store_full")
 
 
+#: the frame types of a chunk that ``_handle_frames`` hands over as one run of forwards
+_ONLY_FORWARDS = {Forward}
+
+
 def _body_bytes(frames: list) -> int:
     """Message body bytes in one received chunk (Send / Forward frames)."""
     n = 0
@@ -950,6 +954,12 @@ class BrokerNode:
     def _handle_frames(self, c: _Conn, frames: list, now: float, actions: list) -> None:
         site = self.site
         cid = c.id
+        if c.kind is _LINK and c.guard is None and not self.store_full \
+                and set(map(type, frames)) == _ONLY_FORWARDS:
+            # a chunk of forwards from a link (a relaying broker's whole input under
+            # load): one core call for the run, one ForwardAck for it (issue #14)
+            site.handle_forwards(cid, frames, now, actions)
+            return
         for frame in frames:
             kind = type(frame)
             if c.kind is _PENDING:
