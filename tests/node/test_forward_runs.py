@@ -71,3 +71,28 @@ async def test_a_mixed_chunk_is_handled_frame_by_frame(nursery, tmp_path):
     assert await _acked(peer, 5) == [f"p:{i}" for i in range(5)]
     assert sum(n for batch in seen for n in batch) == 5
     await peer.aclose()
+
+
+
+def test_nothing_paged_out_costs_the_batch_no_scan(tmp_path):
+    """``_page_in`` looks for paged-out bodies only while the core has some: before, a
+    pageable broker (the default config) walked every Deliver / Forward of every batch."""
+    from tests.wire.test_decode_flat import _bytecodes
+    from treefed.node.node import BrokerNode
+    from treefed.persistence.sqlite import SqliteStore
+    from treefed.wire.frames import Deliver
+
+    node = BrokerNode(make_config(tmp_path), store=SqliteStore(tmp_path / "store"))
+    assert node._pageable and node.site.broker._paged == 0
+
+    def page_in(deferred: list) -> None:
+        coro = node._page_in([], deferred)
+        try:
+            coro.send(None)
+        except StopIteration:
+            pass
+
+    few = [Out("c", Deliver("s", "m", "queue://Q", {}, b"x"))]
+    many = few * 100
+    assert _bytecodes(page_in, many) == _bytecodes(page_in, few)
+    node.store.close()

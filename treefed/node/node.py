@@ -126,6 +126,7 @@ import random
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from operator import attrgetter
 from typing import Any
 
 import trio
@@ -236,8 +237,17 @@ _STORE_FULL = StoreError("the message store is full (max_store_bytes or the disk
 _ONLY_FORWARDS = {Forward}
 
 
+#: the frame types of a chunk whose bodies ``_body_bytes`` sums without a loop
+_ONLY_SENDS = {Send}
+_BODY = attrgetter("body")
+
+
 def _body_bytes(frames: list) -> int:
     """Message body bytes in one received chunk (Send / Forward frames)."""
+    kinds = set(map(type, frames))
+    if kinds == _ONLY_FORWARDS or kinds == _ONLY_SENDS:
+        # a decoded frame's body is bytes: summed without a bytecode per frame (#14)
+        return sum(map(len, map(_BODY, frames)))
     n = 0
     for f in frames:
         kind = type(f)
@@ -1414,6 +1424,8 @@ class BrokerNode:
         """Read back from the store the bodies the core paged out (core/paging.py) that
         this batch sends or stores again -- before its commit, which may delete their
         rows (an ack, a dead-lettered copy)."""
+        if not self.site.broker._paged:
+            return   # nothing is paged out (a body is paged only with its bytes counted)
         wanted: dict = {}
         for m in stores:
             key = paged_key(m.body)

@@ -344,9 +344,15 @@ def _check_str_opt(v: Any) -> Any:
     return v
 
 
+#: ``str`` alone: a container whose items' types are a subset holds only text
+_ONLY_STR = frozenset((str,))
+
+
 def _check_strlist(v: Any) -> Any:
     if type(v) is not list:
         raise _want("array of str", v)
+    if _ONLY_STR.issuperset(map(type, v)):   # no per-item bytecode (issue #14)
+        return v
     for i, item in enumerate(v):
         if type(item) is not str:
             raise _Bad(f"item {i}: expected str, got {_tname(item)}")
@@ -359,6 +365,8 @@ _HEADER_TYPES = frozenset((str, int, float, bool, type(None)))
 def _check_headers(v: Any) -> Any:
     if type(v) is not dict:
         raise _want("map", v)
+    if _ONLY_STR.issuperset(map(type, v)) and _HEADER_TYPES.issuperset(map(type, v.values())):
+        return v   # the usual case, without a bytecode per header (issue #14)
     for key, item in v.items():
         if type(key) is not str:
             raise _Bad(f"key {key!r}: expected str, got {_tname(key)}")
@@ -466,35 +474,41 @@ def _check_limits(name: str, limits: tuple, values: Any, offset: int) -> None:
                              code="bad_field")
 
 
-def _limits_checker(cls: type) -> Any:
-    """A straight-line function ``(item, n) -> bool``: True when every limited field of
-    a type-valid CBOR item ``[code, *fields]`` of length ``n`` is within its limits.
+def _limits_checker(cls: type) -> tuple:
+    """Straight-line functions ``item -> bool``, one per item length ``n`` (the tuple's
+    index; ``n`` = 1 + the fields present): True when every limited field of a
+    type-valid CBOR item ``[code, *fields]`` of that length is within its limits.
     Generated once per frame type: a loop over the limits table costs a decoded frame
-    several times more (this is the per-message path).  On False the caller runs
-    ``_check_limits`` for the message."""
-    lines = ["def check(v, n):"]
+    several times more (this is the per-message path), and one boolean expression per
+    length spares a length test and a local per field (issue #14).  On False the
+    caller runs ``_check_limits`` for the message."""
+    specs = SPECS[cls]
+    checks = []
     for i, _, low, high, text in _limits(cls):
         j = i + 1
-        lines.append(f"    if n <= {j}: return True")
-        lines.append(f"    x = v[{j}]")
         if not text:
-            lines.append(f"    if not {low!r} <= x <= {high!r}: return False")
-        elif SPECS[cls][i].kind == "strlist":
-            lines.append(f"    if x and (len(x) > {high} or max(map(len, x)) > {MAX_NAME}):"
-                         " return False")
-        elif SPECS[cls][i].kind == "str?":
-            lines.append(f"    if x is not None and len(x) > {high}: return False")
+            test = f"{low!r} <= v[{j}] <= {high!r}"
+        elif specs[i].kind == "strlist":
+            test = (f"(not v[{j}] or (len(v[{j}]) <= {high} and "
+                    f"max(map(len, v[{j}])) <= {MAX_NAME}))")
+        elif specs[i].kind == "str?":
+            test = f"(v[{j}] is None or len(v[{j}]) <= {high})"
         else:
-            lines.append(f"    if len(x) > {high}: return False")
-    lines.append("    return True")
+            test = f"len(v[{j}]) <= {high}"
+        checks.append((j, test))
+    lines = []
+    for n in range(len(specs) + 2):
+        tests = [test for j, test in checks if j < n]
+        lines.append(f"def check{n}(v):")
+        lines.append(f"    return {' and '.join(tests) if tests else 'True'}")
     namespace: dict = {}
     exec("\n".join(lines), namespace)   # noqa: S102 - generated from the LIMITS table
-    return namespace["check"]
+    return tuple(namespace[f"check{n}"] for n in range(len(specs) + 2))
 
 
 #: code -> (class, class name, ((field name, fast types, check), ...), required count,
 #:          valid signatures, ((item index, check) of container fields, ...),
-#:          range / length limits (see ``_limits``), their generated checker).
+#:          range / length limits (see ``_limits``), their generated checkers by length).
 _DECODERS: dict[int, tuple[type, str, tuple[tuple[str, frozenset, Any], ...], int,
                            frozenset, tuple[tuple[int, Any], ...], tuple, Any]] = {
     code: (
@@ -532,7 +546,7 @@ def _build(item: Any) -> Frame:
                     check(item[i])
                 except _Bad as bad:
                     raise _bad_field(name, fields[i - 1][0], bad) from None
-        if not within(item, len(item)):
+        if not within[n](item):
             _check_limits(name, limits, item, 1)   # raises, naming the field
         return cls(*item[1:])
     values = item[1:]
