@@ -96,3 +96,46 @@ def test_nothing_paged_out_costs_the_batch_no_scan(tmp_path):
     many = few * 100
     assert _bytecodes(page_in, many) == _bytecodes(page_in, few)
     node.store.close()
+
+
+async def test_a_chunk_of_sends_is_one_core_call_with_each_id_scoped(nursery, tmp_path,
+                                                                     monkeypatch):
+    """A producer's pipelined sends reach the core as runs (``Site.handle_sends``), not
+    frame by frame; each id is still scoped to its producer, and a consumer gets every
+    message, in order, under the id the producer gave it."""
+    from treefed.client import connect
+    from treefed.federation.site import Site
+
+    node, uri = await start_node(nursery, make_config(tmp_path))
+    one_by_one: list = []
+    runs: list = []
+    handle_frame = Site.handle_frame
+    handle_sends = getattr(Site, "handle_sends", None)
+
+    def counted_frame(self, conn, frame, now):  # noqa: ANN001
+        one_by_one.append(type(frame).__name__)
+        return handle_frame(self, conn, frame, now)
+
+    def counted_sends(self, conn, frames, now, out):  # noqa: ANN001
+        runs.append(len(frames))
+        handle_sends(self, conn, frames, now, out)
+
+    monkeypatch.setattr(Site, "handle_frame", counted_frame)
+    if handle_sends is not None:
+        monkeypatch.setattr(Site, "handle_sends", counted_sends)
+    async with connect(uri, client_id="cons") as cons, connect(uri, client_id="prod") as prod:
+        sub = await cons.subscribe("queue://runs", prefetch=1000)
+        for i in range(N):
+            await prod.send("queue://runs", f"m{i}".encode(), confirm=False)
+        await prod.flush()
+        got = []
+        with trio.fail_after(10):
+            while len(got) < N:
+                msg = await sub.receive()
+                got.append(msg.body)
+                msg.ack_nowait()
+    assert got == [f"m{i}".encode() for i in range(N)]
+    assert "Send" not in one_by_one          # before: N calls, one per Send
+    assert sum(runs) == N
+    held = node.site.broker._dups.held
+    assert not held

@@ -220,6 +220,15 @@ class Site:
             for frame in frames:   # not a link: each is refused as handle_frame does
                 out += self.handle_frame(conn, frame, now)
 
+    def handle_sends(self, conn: str, frames: list, now: float, out: list) -> None:
+        """A run of a client's Send frames: ``handle_frame`` of each, their actions
+        appended to ``out``, in one core call (``Broker.send_many``, issue #14)."""
+        if conn in self._bridges:
+            for frame in frames:
+                out += self.handle_frame(conn, frame, now)
+        else:
+            self.broker.send_many(conn, frames, now, out)
+
     def _subscribe(self, conn: str, frame: Subscribe, now: float) -> list:
         broker = self.broker
         existed = broker.has_consumer(conn, frame.id)

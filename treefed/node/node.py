@@ -970,6 +970,20 @@ class BrokerNode:
             # load): one core call for the run, one ForwardAck for it (issue #14)
             site.handle_forwards(cid, frames, now, actions)
             return
+        if c.kind is _CLIENT and c.guard is None and not self.store_full \
+                and set(map(type, frames)) == _ONLY_SENDS:
+            # a chunk of a producer's sends: each id scoped as below, then one core call
+            # for the run (issue #14)
+            scopes = c.scopes
+            for frame in frames:
+                scope = scopes.get(frame.dst)
+                if scope is None:
+                    if len(scopes) >= 4096:
+                        scopes.clear()
+                    scope = scopes[frame.dst] = destination_scope(c.producer, frame.dst)
+                frame.id = f"{frame.id}{SCOPE_SEP}{scope}"
+            site.handle_sends(cid, frames, now, actions)
+            return
         for frame in frames:
             kind = type(frame)
             if c.kind is _PENDING:
