@@ -476,33 +476,49 @@ def _check_limits(name: str, limits: tuple, values: Any, offset: int) -> None:
 
 def _limits_checker(cls: type) -> tuple:
     """Straight-line functions ``item -> bool``, one per item length ``n`` (the tuple's
-    index; ``n`` = 1 + the fields present): True when every limited field of a
-    type-valid CBOR item ``[code, *fields]`` of that length is within its limits.
-    Generated once per frame type: a loop over the limits table costs a decoded frame
-    several times more (this is the per-message path), and one boolean expression per
-    length spares a length test and a local per field (issue #14).  On False the
-    caller runs ``_check_limits`` for the message."""
+    index; ``n`` = 1 + the fields present): True when a type-valid CBOR item
+    ``[code, *fields]`` of that length has plainly valid containers (a list of text, a
+    map of text to header values: tested in C as sets of item types; any other map: not
+    vouched for) and every limited field within its limits.  Generated once per frame
+    type: one boolean expression per length spares a length test, a local and a call
+    per field (this is the per-message path, issue #14).  On False the caller checks
+    field by field, which names the problem (or finds none)."""
     specs = SPECS[cls]
+    limited = {i: (low, high, text) for i, _, low, high, text in _limits(cls)}
     checks = []
-    for i, _, low, high, text in _limits(cls):
+    for i, spec in enumerate(specs):
         j = i + 1
-        if not text:
-            test = f"{low!r} <= v[{j}] <= {high!r}"
-        elif specs[i].kind == "strlist":
-            test = (f"(not v[{j}] or (len(v[{j}]) <= {high} and "
-                    f"max(map(len, v[{j}])) <= {MAX_NAME}))")
-        elif specs[i].kind == "str?":
-            test = f"(v[{j}] is None or len(v[{j}]) <= {high})"
-        else:
-            test = f"len(v[{j}]) <= {high}"
-        checks.append((j, test))
+        x = f"v[{j}]"
+        if spec.kind in _DEEP_KINDS:
+            if spec.kind == "strlist":
+                inner = [f"_str_only(map(type, {x}))"]
+                if i in limited:
+                    inner.append(f"len({x}) <= {limited[i][1]}")
+                    inner.append(f"max(map(len, {x})) <= {MAX_NAME}")
+            elif spec.kind == "headers":
+                inner = [f"_str_only(map(type, {x}))",
+                         f"_header_values(map(type, {x}.values()))"]
+                if i in limited:
+                    inner.append(f"len({x}) <= {limited[i][1]}")
+            else:   # "map": any CBOR inside, checked field by field
+                inner = ["False"]
+            checks.append((j, f"(not {x} or ({' and '.join(inner)}))"))
+        elif i in limited:
+            low, high, text = limited[i]
+            if not text:
+                checks.append((j, f"{low!r} <= {x} <= {high!r}"))
+            elif spec.kind == "str?":
+                checks.append((j, f"({x} is None or len({x}) <= {high})"))
+            else:
+                checks.append((j, f"len({x}) <= {high}"))
     lines = []
     for n in range(len(specs) + 2):
         tests = [test for j, test in checks if j < n]
         lines.append(f"def check{n}(v):")
         lines.append(f"    return {' and '.join(tests) if tests else 'True'}")
-    namespace: dict = {}
-    exec("\n".join(lines), namespace)   # noqa: S102 - generated from the LIMITS table
+    namespace: dict = {"_str_only": _ONLY_STR.issuperset,
+                       "_header_values": _HEADER_TYPES.issuperset}
+    exec("\n".join(lines), namespace)   # noqa: S102 - generated from SPECS and LIMITS
     return tuple(namespace[f"check{n}"] for n in range(len(specs) + 2))
 
 
@@ -538,16 +554,18 @@ def _build(item: Any) -> Frame:
         raise FrameError(f"unknown frame type code {code!r}", code="unknown_type")
     cls, name, fields, n_required, signatures, deep, limits, within = entry
     if tuple(map(type, item)) in signatures:
-        # The common case: one set lookup validates every scalar field at once.
+        # The common case: one set lookup validates every scalar field at once, one
+        # generated expression the containers and the limits.
         n = len(item)
+        if within[n](item):
+            return cls(*item[1:])
         for i, check in deep:
             if i < n and item[i]:
                 try:
                     check(item[i])
                 except _Bad as bad:
                     raise _bad_field(name, fields[i - 1][0], bad) from None
-        if not within[n](item):
-            _check_limits(name, limits, item, 1)   # raises, naming the field
+        _check_limits(name, limits, item, 1)   # raises, naming the field, if one is out
         return cls(*item[1:])
     values = item[1:]
     n = len(values)
