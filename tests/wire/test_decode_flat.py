@@ -121,3 +121,31 @@ def test_a_frame_with_a_map_field_takes_the_field_by_field_path():
     hello = Hello(PROTOCOL_VERSION, "broker", broker_id="b", ancestry=["r"],
                   options={"network_ttl": 2, "filters": ["a", {"b": None}]})
     assert _decode(encode(hello)) == [hello]
+
+
+def test_taking_a_chunks_frames_costs_no_bytecode_per_frame():
+    """``FrameDecoder.take`` (used by ``FramedStream.receive_frames``) hands the decoded
+    frames over as one list: no generator step and append per frame (before: ~15 each)."""
+    from treefed.wire.codec import FrameDecoder
+
+    def taken(data: bytes) -> int:
+        decoder = FrameDecoder()
+        decoder.receive_data(data)
+        decoder._parse()   # decoded apart: only the hand-over is counted
+        return _bytecodes(decoder.take)
+
+    few = encode_many([_forward(1, 1)] * 2)
+    many = encode_many([_forward(1, 1)] * 200)
+    assert taken(many) == taken(few)
+
+
+def test_take_returns_the_frames_before_a_malformed_one_then_raises():
+    from treefed.wire.codec import FrameDecoder
+
+    decoder = FrameDecoder()
+    good = encode_many([_forward(0, 0)] * 3)
+    decoder.receive_data(good + b"\x00\x00\x00\x01\xff")   # a 1-byte frame: bad CBOR
+    assert decoder.take() == [_forward(0, 0)] * 3
+    with pytest.raises(FrameError):
+        decoder.take()
+    assert FrameDecoder().take() == []

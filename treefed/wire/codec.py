@@ -693,6 +693,21 @@ class FrameDecoder:
                     return
             yield ready.popleft()
 
+    def take(self) -> list:
+        """Every complete frame currently buffered, in order, as one list (what
+        ``list(self.frames())`` gives, without a generator step and an append per frame:
+        issue #14).  Raises the decoder's FrameError only when no frame precedes it; a
+        later call raises it then."""
+        ready = self._ready
+        self._parse()   # appends after any frames still ready: order kept
+        if not ready:
+            if self._error is not None:
+                raise self._error
+            return []
+        frames = list(ready)
+        ready.clear()
+        return frames
+
     def _fail(self, message: str, code: str) -> None:
         if self._error is None:
             self._error = FrameError(message, code=code)
