@@ -428,6 +428,29 @@ class Broker:
             self._unblock(now, out)
         return out
 
+    def send_many(self, conn: str, frames: list, now: float, out: list) -> None:
+        """A run of a producer's Send frames: ``send`` of each in turn, their actions
+        appended to ``out`` (issue #14: one core call per read chunk, not three calls
+        and a list per message).  Appending to the caller's list keeps what earlier
+        sends did should a later one fail unexpectedly."""
+        cs = self._conns.get(conn) or self._conn(conn)
+        blocked = self._blocked
+        for i, frame in enumerate(frames):
+            if cs.parked is not None:
+                cs.parked.extend(frames[i:])   # behind the blocked send, in order
+                return
+            try:
+                if not self._admit_send(cs, frame, now, out):
+                    cs.parked = deque((frame,))
+                    out.append(Pause(conn, cs.blocked_on.name))
+            except TreefedError as exc:
+                out.append(Out(conn, Error(exc.code, exc.message, frame.id)))
+            if blocked.room:
+                try:
+                    self._unblock(now, out)
+                except TreefedError as exc:   # as handle_frame answers it
+                    out.append(Out(conn, Error(exc.code, exc.message, frame.id)))
+
     def allow_revisits(self, conn: str) -> None:
         """Link ``conn`` is a tree link: a message it brings may have passed this broker
         before (it rested somewhere and was replayed back).  Loops stay bounded by
@@ -454,6 +477,44 @@ class Broker:
         if self._blocked.room:
             self._unblock(now, out)
         return out
+
+    def accept_forwards(self, conn: str, frames: list, now: float, out: list) -> None:
+        """A run of Forward frames from link ``conn``, as ``accept_forward`` of each in
+        turn, with their actions appended to ``out``, except that every ForwardAck of the
+        run goes as ONE frame after the run's other actions (issue #14: one ack action
+        per message was an allocation, an ``Out`` and a pass of the shell's action loop
+        per forwarded message at every hop).  The acks keep their place after the
+        messages' StoreMessage actions (see actions.py); a refused forward's Error goes
+        after the acks of the forwards before it and before its own ack.  Appending to the caller's list keeps what
+        earlier forwards did should a later one fail unexpectedly."""
+        cs = self._conns.get(conn) or self._conn(conn)
+        acks: list = []
+        blocked = self._blocked
+        try:
+            for i, frame in enumerate(frames):
+                if cs.parked is not None:
+                    cs.parked.extend(frames[i:])
+                    break
+                try:
+                    if not self._admit_forward(cs, frame, now, out, acks):
+                        cs.parked = deque((frame,))
+                        out.append(Pause(conn, cs.blocked_on.name))
+                except TreefedError as exc:
+                    if acks:   # the acks of the forwards before it go before its error
+                        out.append(Out(conn, ForwardAck(acks)))
+                        acks = []
+                    self._refuse_forward(conn, frame, exc, out, acks)
+                if blocked.room:
+                    try:
+                        self._unblock(now, out)
+                    except TreefedError as exc:   # as handle_frame answers it
+                        if acks:
+                            out.append(Out(conn, ForwardAck(acks)))
+                            acks = []
+                        out.append(Out(conn, Error(exc.code, exc.message, frame.id)))
+        finally:
+            if acks:
+                out.append(Out(conn, ForwardAck(acks)))
 
     def restore(self, messages: Iterable[Message], now: float,
                 consumed: Iterable[str] = ()) -> list[Action]:
@@ -854,10 +915,16 @@ class Broker:
             self._dispatch_new(d, m, now, out)
         return True
 
-    def _admit_forward(self, cs: Conn, f: Forward, now: float, out: list) -> bool:
+    def _admit_forward(self, cs: Conn, f: Forward, now: float, out: list,
+                       acks: list | None = None) -> bool:
+        """``acks``: collect the ids to acknowledge there (``accept_forwards``) rather
+        than appending one ForwardAck action each."""
         if len(f.path) >= MAX_HOPS:
             # Whatever the routing did, a message that crossed this many links is looping.
-            out.append(Out(cs.name, ForwardAck([f.id])))
+            if acks is None:
+                out.append(Out(cs.name, ForwardAck([f.id])))
+            else:
+                acks.append(f.id)
             self._count_drop("hop_limit", f.id, f.dst, out)
             return True
         # A retransmit (reconnect mid-forward, a sender restarted before it saw our ack)
@@ -869,7 +936,10 @@ class Broker:
         dup, key = self._dups.check_forward(f.id, f.dst, len(f.path), cs.revisit)
         if dup or (self.broker_id in f.path and not cs.revisit):
             # Ack so the sender releases its copy, and drop it.
-            out.append(Out(cs.name, ForwardAck([f.id])))
+            if acks is None:
+                out.append(Out(cs.name, ForwardAck([f.id])))
+            else:
+                acks.append(f.id)
             self._count_drop("duplicate" if dup else "loop", f.id, f.dst, out)
             return True
         d = self._lookup_for_send(f.dst)
@@ -894,7 +964,10 @@ class Broker:
             self._dups.hold(m.id)
             if m.persistent and d.stored:
                 out.append(StoreMessage(m))
-        out.append(Out(cs.name, ForwardAck([f.id])))   # after the store: see actions.py
+        if acks is None:
+            out.append(Out(cs.name, ForwardAck([f.id])))   # after the store: see actions.py
+        else:
+            acks.append(f.id)   # one ForwardAck after the run (accept_forwards)
         self.received += 1
         if d.topic:
             self._fanout(d, m, now, out)
@@ -902,9 +975,13 @@ class Broker:
             self._dispatch_new(d, m, now, out)
         return True
 
-    def _refuse_forward(self, conn: str, f: Forward, exc: TreefedError, out: list) -> None:
+    def _refuse_forward(self, conn: str, f: Forward, exc: TreefedError, out: list,
+                        acks: list | None = None) -> None:
         out.append(Out(conn, Error(exc.code, exc.message, f.id)))
-        out.append(Out(conn, ForwardAck([f.id])))
+        if acks is None:
+            out.append(Out(conn, ForwardAck([f.id])))
+        else:
+            acks.append(f.id)
         self._count_drop(exc.code, f.id, f.dst, out)
 
     def _lookup_for_send(self, dst: str) -> Dest:

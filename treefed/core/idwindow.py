@@ -28,6 +28,7 @@ first).  Pure: no I/O.
 
 from __future__ import annotations
 
+import re
 from array import array
 from collections import deque
 from typing import Iterator
@@ -47,6 +48,10 @@ _SHED = 256
 _last: tuple[str, str, str] | None = None
 
 
+#: a ``seq`` as ``_split_full`` accepts it: ASCII digits, at most 18, no leading zero
+_seq = re.compile(r"0|[1-9][0-9]{0,17}").fullmatch
+
+
 def _split(msg_id: str) -> tuple[str, int] | None:
     """``(key, seq)`` when ``msg_id`` is ``<producer>:<seq>`` or, as a broker holds a
     client's id, ``<producer>:<seq>\x1f<scope>`` (wire/ids.py ``qualify``), exactly;
@@ -62,7 +67,7 @@ def _split(msg_id: str) -> tuple[str, int] | None:
         head, tail, key = last
         if msg_id.startswith(head) and msg_id.endswith(tail):
             s = msg_id[len(head):len(msg_id) - len(tail)]
-            if s.isascii() and s.isdigit() and len(s) <= 18 and (s[0] != "0" or len(s) == 1):
+            if _seq(s):   # the digits test below, as one C call (issue #14)
                 return key, int(s)
     return _split_full(msg_id)
 
@@ -178,8 +183,18 @@ class IdWindow:
         if slot is not None:
             off = seq - self._base[slot]
             bits = self._bits[slot]
-            if 0 <= off < 8 * len(bits) and bits[off >> 3] & (1 << (off & 7)):
-                return None
+            if 0 <= off < 8 * len(bits):
+                # in the bitmap already (most ids: a producer's next): no growth to
+                # consider, the bit is set at once (issue #14)
+                i, mask = off >> 3, 1 << (off & 7)
+                if bits[i] & mask:
+                    return None
+                bits[i] |= mask
+                self._count[slot] += 1
+                self._refs[slot] += 1
+                self._ring_p.append(slot)
+                self._ring_s.append(seq)
+                return True
         else:
             if self._free:
                 slot = self._free.pop()

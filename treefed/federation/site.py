@@ -210,6 +210,25 @@ class Site:
             return self._unsubscribe(conn, frame, now)
         return self.broker.handle_frame(conn, frame, now)
 
+    def handle_forwards(self, conn: str, frames: list, now: float, out: list) -> None:
+        """A run of Forward frames from ``conn``: ``handle_frame`` of each, their actions
+        appended to ``out``; on a link, one core call for the run
+        (``Broker.accept_forwards``: one ForwardAck for all of it, issue #14)."""
+        if conn in self._bridges:
+            self.broker.accept_forwards(conn, frames, now, out)
+        else:
+            for frame in frames:   # not a link: each is refused as handle_frame does
+                out += self.handle_frame(conn, frame, now)
+
+    def handle_sends(self, conn: str, frames: list, now: float, out: list) -> None:
+        """A run of a client's Send frames: ``handle_frame`` of each, their actions
+        appended to ``out``, in one core call (``Broker.send_many``, issue #14)."""
+        if conn in self._bridges:
+            for frame in frames:
+                out += self.handle_frame(conn, frame, now)
+        else:
+            self.broker.send_many(conn, frames, now, out)
+
     def _subscribe(self, conn: str, frame: Subscribe, now: float) -> list:
         broker = self.broker
         existed = broker.has_consumer(conn, frame.id)

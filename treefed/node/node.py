@@ -126,6 +126,7 @@ import random
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from operator import attrgetter
 from typing import Any
 
 import trio
@@ -235,8 +236,21 @@ _STORE_FULL = StoreError("the message store is full (max_store_bytes or the disk
                          "persistent message refused, retry later", code="store_full")
 
 
+#: the frame types of a chunk that ``_handle_frames`` hands over as one run of forwards
+_ONLY_FORWARDS = {Forward}
+
+
+#: the frame types of a chunk whose bodies ``_body_bytes`` sums without a loop
+_ONLY_SENDS = {Send}
+_BODY = attrgetter("body")
+
+
 def _body_bytes(frames: list) -> int:
     """Message body bytes in one received chunk (Send / Forward frames)."""
+    kinds = set(map(type, frames))
+    if kinds == _ONLY_FORWARDS or kinds == _ONLY_SENDS:
+        # a decoded frame's body is bytes: summed without a bytecode per frame (#14)
+        return sum(map(len, map(_BODY, frames)))
     n = 0
     for f in frames:
         kind = type(f)
@@ -982,6 +996,26 @@ class BrokerNode:
     def _handle_frames(self, c: _Conn, frames: list, now: float, actions: list) -> None:
         site = self.site
         cid = c.id
+        if c.kind is _LINK and c.guard is None and not self.store_full \
+                and set(map(type, frames)) == _ONLY_FORWARDS:
+            # a chunk of forwards from a link (a relaying broker's whole input under
+            # load): one core call for the run, one ForwardAck for it (issue #14)
+            site.handle_forwards(cid, frames, now, actions)
+            return
+        if c.kind is _CLIENT and c.guard is None and not self.store_full \
+                and set(map(type, frames)) == _ONLY_SENDS:
+            # a chunk of a producer's sends: each id scoped as below, then one core call
+            # for the run (issue #14)
+            scopes = c.scopes
+            for frame in frames:
+                scope = scopes.get(frame.dst)
+                if scope is None:
+                    if len(scopes) >= 4096:
+                        scopes.clear()
+                    scope = scopes[frame.dst] = destination_scope(c.producer, frame.dst)
+                frame.id = f"{frame.id}{SCOPE_SEP}{scope}"
+            site.handle_sends(cid, frames, now, actions)
+            return
         for frame in frames:
             kind = type(frame)
             if c.kind is _PENDING:
@@ -1441,6 +1475,8 @@ class BrokerNode:
         """Read back from the store the bodies the core paged out (core/paging.py) that
         this batch sends or stores again -- before its commit, which may delete their
         rows (an ack, a dead-lettered copy)."""
+        if not self.site.broker._paged:
+            return   # nothing is paged out (a body is paged only with its bytes counted)
         wanted: dict = {}
         for m in stores:
             key = paged_key(m.body)

@@ -81,14 +81,9 @@ class FramedStream:
         Raises trio.EndOfChannel on a clean EOF, FrameError on malformed input."""
         decoder = self._decoder
         while True:
-            frames: list[Frame] = []
-            try:
-                for frame in decoder.frames():
-                    frames.append(frame)
-            except FrameError:
-                if not frames:
-                    raise
-                # the decoder keeps the error; the next call raises it
+            # every frame before a malformed one comes first; the decoder keeps the
+            # error and the next call raises it
+            frames = decoder.take()
             if frames:
                 return frames
             if self._drained and self._sock is not None:

@@ -115,25 +115,39 @@ def _encoder_table() -> dict[type, tuple[int, Any, tuple[Any, ...], int]]:
 _ENCODERS = _encoder_table()
 
 
+def _item_builder(cls: type) -> Any:
+    """A straight-line ``frame -> (code, *fields)`` for ``cls``, trailing defaults cut:
+    one test per optional field from the last, each returning at once (a loop over the
+    defaults cost a Forward ~90 bytecodes on every hop, issue #14).  A field equals its
+    default when it is the default or of its exact type and equal (0 never stands in
+    for False)."""
+    code, getter, defaults, n_required = _ENCODERS[cls]
+    n = len(defaults)
+    names = {"getter": getter, "code": code}
+    lines = ["def item(frame):", "    v = getter(frame)"]
+    for i in range(n - 1, n_required - 1, -1):
+        names[f"d{i}"], names[f"t{i}"] = defaults[i], type(defaults[i])
+        rest = "*v" if i == n - 1 else f"*v[:{i + 1}]"
+        lines.append(f"    x = v[{i}]")
+        lines.append(f"    if not (x is d{i} or (type(x) is t{i} and x == d{i})): "
+                     f"return (code, {rest})")
+    lines.append(f"    return (code, *v[:{n_required}])")
+    exec("\n".join(lines), names)   # noqa: S102 - generated from SPECS
+    return names["item"]
+
+
+_ITEMS = {cls: _item_builder(cls) for cls in _ENCODERS}
+
+
 def _item(frame: Frame) -> tuple:
     """The CBOR array of ``frame`` as a tuple ``(code, *fields)``, trailing defaults cut.
     A tuple, not a list: cbor2 encodes a top-level tuple without first probing it for
     being a Mapping (a Python-level ABC check that costs a list about a microsecond)."""
     try:
-        code, getter, defaults, n_required = _ENCODERS[type(frame)]
+        build = _ITEMS[type(frame)]
     except KeyError:
         raise LocalError(f"not a frame: {type(frame).__name__}", code="not_a_frame") from None
-    values = getter(frame)
-    n = len(values)
-    # Trailing defaults are dropped; the type check keeps 0 from standing in for False.
-    while n > n_required:
-        v = values[n - 1]
-        d = defaults[n - 1]
-        if v is d or (type(v) is type(d) and v == d):
-            n -= 1
-        else:
-            break
-    return (code, *values[:n])
+    return build(frame)
 
 
 # CBOR heads for the hand-built Deliver (major type and length), by length below 256.
@@ -261,7 +275,7 @@ def encode_many(frames: Iterable[Frame]) -> bytes:
             write(_pack_len(n))
             write(body)
         else:
-            item = _item(frame)
+            item = _ITEMS.get(type(frame), _item)(frame)   # _item: refuses a non-frame
             write(_NO_LENGTH)
             try:
                 encode_item(item)
@@ -344,9 +358,15 @@ def _check_str_opt(v: Any) -> Any:
     return v
 
 
+#: ``str`` alone: a container whose items' types are a subset holds only text
+_ONLY_STR = frozenset((str,))
+
+
 def _check_strlist(v: Any) -> Any:
     if type(v) is not list:
         raise _want("array of str", v)
+    if _ONLY_STR.issuperset(map(type, v)):   # no per-item bytecode (issue #14)
+        return v
     for i, item in enumerate(v):
         if type(item) is not str:
             raise _Bad(f"item {i}: expected str, got {_tname(item)}")
@@ -359,6 +379,8 @@ _HEADER_TYPES = frozenset((str, int, float, bool, type(None)))
 def _check_headers(v: Any) -> Any:
     if type(v) is not dict:
         raise _want("map", v)
+    if _ONLY_STR.issuperset(map(type, v)) and _HEADER_TYPES.issuperset(map(type, v.values())):
+        return v   # the usual case, without a bytecode per header (issue #14)
     for key, item in v.items():
         if type(key) is not str:
             raise _Bad(f"key {key!r}: expected str, got {_tname(key)}")
@@ -466,35 +488,57 @@ def _check_limits(name: str, limits: tuple, values: Any, offset: int) -> None:
                              code="bad_field")
 
 
-def _limits_checker(cls: type) -> Any:
-    """A straight-line function ``(item, n) -> bool``: True when every limited field of
-    a type-valid CBOR item ``[code, *fields]`` of length ``n`` is within its limits.
-    Generated once per frame type: a loop over the limits table costs a decoded frame
-    several times more (this is the per-message path).  On False the caller runs
-    ``_check_limits`` for the message."""
-    lines = ["def check(v, n):"]
-    for i, _, low, high, text in _limits(cls):
+def _limits_checker(cls: type) -> tuple:
+    """Straight-line functions ``item -> bool``, one per item length ``n`` (the tuple's
+    index; ``n`` = 1 + the fields present): True when a type-valid CBOR item
+    ``[code, *fields]`` of that length has plainly valid containers (a list of text, a
+    map of text to header values: tested in C as sets of item types; any other map: not
+    vouched for) and every limited field within its limits.  Generated once per frame
+    type: one boolean expression per length spares a length test, a local and a call
+    per field (this is the per-message path, issue #14).  On False the caller checks
+    field by field, which names the problem (or finds none)."""
+    specs = SPECS[cls]
+    limited = {i: (low, high, text) for i, _, low, high, text in _limits(cls)}
+    checks = []
+    for i, spec in enumerate(specs):
         j = i + 1
-        lines.append(f"    if n <= {j}: return True")
-        lines.append(f"    x = v[{j}]")
-        if not text:
-            lines.append(f"    if not {low!r} <= x <= {high!r}: return False")
-        elif SPECS[cls][i].kind == "strlist":
-            lines.append(f"    if x and (len(x) > {high} or max(map(len, x)) > {MAX_NAME}):"
-                         " return False")
-        elif SPECS[cls][i].kind == "str?":
-            lines.append(f"    if x is not None and len(x) > {high}: return False")
-        else:
-            lines.append(f"    if len(x) > {high}: return False")
-    lines.append("    return True")
-    namespace: dict = {}
-    exec("\n".join(lines), namespace)   # noqa: S102 - generated from the LIMITS table
-    return namespace["check"]
+        x = f"v[{j}]"
+        if spec.kind in _DEEP_KINDS:
+            if spec.kind == "strlist":
+                inner = [f"_str_only(map(type, {x}))"]
+                if i in limited:
+                    inner.append(f"len({x}) <= {limited[i][1]}")
+                    inner.append(f"max(map(len, {x})) <= {MAX_NAME}")
+            elif spec.kind == "headers":
+                inner = [f"_str_only(map(type, {x}))",
+                         f"_header_values(map(type, {x}.values()))"]
+                if i in limited:
+                    inner.append(f"len({x}) <= {limited[i][1]}")
+            else:   # "map": any CBOR inside, checked field by field
+                inner = ["False"]
+            checks.append((j, f"(not {x} or ({' and '.join(inner)}))"))
+        elif i in limited:
+            low, high, text = limited[i]
+            if not text:
+                checks.append((j, f"{low!r} <= {x} <= {high!r}"))
+            elif spec.kind == "str?":
+                checks.append((j, f"({x} is None or len({x}) <= {high})"))
+            else:
+                checks.append((j, f"len({x}) <= {high}"))
+    lines = []
+    for n in range(len(specs) + 2):
+        tests = [test for j, test in checks if j < n]
+        lines.append(f"def check{n}(v):")
+        lines.append(f"    return {' and '.join(tests) if tests else 'True'}")
+    namespace: dict = {"_str_only": _ONLY_STR.issuperset,
+                       "_header_values": _HEADER_TYPES.issuperset}
+    exec("\n".join(lines), namespace)   # noqa: S102 - generated from SPECS and LIMITS
+    return tuple(namespace[f"check{n}"] for n in range(len(specs) + 2))
 
 
 #: code -> (class, class name, ((field name, fast types, check), ...), required count,
 #:          valid signatures, ((item index, check) of container fields, ...),
-#:          range / length limits (see ``_limits``), their generated checker).
+#:          range / length limits (see ``_limits``), their generated checkers by length).
 _DECODERS: dict[int, tuple[type, str, tuple[tuple[str, frozenset, Any], ...], int,
                            frozenset, tuple[tuple[int, Any], ...], tuple, Any]] = {
     code: (
@@ -524,16 +568,18 @@ def _build(item: Any) -> Frame:
         raise FrameError(f"unknown frame type code {code!r}", code="unknown_type")
     cls, name, fields, n_required, signatures, deep, limits, within = entry
     if tuple(map(type, item)) in signatures:
-        # The common case: one set lookup validates every scalar field at once.
+        # The common case: one set lookup validates every scalar field at once, one
+        # generated expression the containers and the limits.
         n = len(item)
+        if within[n](item):
+            return cls(*item[1:])
         for i, check in deep:
             if i < n and item[i]:
                 try:
                     check(item[i])
                 except _Bad as bad:
                     raise _bad_field(name, fields[i - 1][0], bad) from None
-        if not within(item, len(item)):
-            _check_limits(name, limits, item, 1)   # raises, naming the field
+        _check_limits(name, limits, item, 1)   # raises, naming the field, if one is out
         return cls(*item[1:])
     values = item[1:]
     n = len(values)
@@ -646,6 +692,21 @@ class FrameDecoder:
                         raise self._error
                     return
             yield ready.popleft()
+
+    def take(self) -> list:
+        """Every complete frame currently buffered, in order, as one list (what
+        ``list(self.frames())`` gives, without a generator step and an append per frame:
+        issue #14).  Raises the decoder's FrameError only when no frame precedes it; a
+        later call raises it then."""
+        ready = self._ready
+        self._parse()   # appends after any frames still ready: order kept
+        if not ready:
+            if self._error is not None:
+                raise self._error
+            return []
+        frames = list(ready)
+        ready.clear()
+        return frames
 
     def _fail(self, message: str, code: str) -> None:
         if self._error is None:
