@@ -98,6 +98,24 @@ def _routings_end():
     _ROUTINGS.clear()
 
 
+def _keys(item) -> list:
+    """The (scenario, mode) routings a test item of this module checks."""
+    name = getattr(item, "originalname", None)
+    if name == "test_default_scenarios":
+        return [(item.callspec.params["scenario"], item.callspec.params["mode"])]
+    return [(scenario, mode) for scenario, mode, *tests in ROUTED if name in tests]
+
+
+@pytest.fixture(autouse=True)
+def _start_selected(request):
+    """From the module's first test on, the routings of every selected test of the
+    module are queued (in test order), so the two threads never wait for a test to ask."""
+    if "spark" in request.fixturenames:
+        spark = request.getfixturevalue("spark")
+        _start(spark, [key for item in request.session.items
+                       if item.module is request.module for key in _keys(item)])
+
+
 def _check_scenario(spark, name, modes=None):
     sc, plan = _plan(name)
     wanted = [m for m in sc.modes if m.label in (modes or MODELLED)]
@@ -146,15 +164,18 @@ SCENARIO_MODES = [("sweep-size-4x0005", "mesh-tuned"), ("sweep-size-4x0025", "na
                   ("reconfigure", "mesh-ttl2"), ("deep", "mesh-tuned-oneway"),
                   ("sweep-depth-2", "mesh-ttl1")]
 
+#: (scenario, mode, tests that check it) besides test_default_scenarios' cases: what
+#: ``_start_selected`` queues for the selected tests
+ROUTED = [("retail-small", m, "test_retail_small_every_mode",
+           *(("test_retail_small_tree_and_ttl2",) if m in ("tree", "mesh-ttl2") else ()))
+          for m in MODELLED] + \
+         [("sweep-size-4x0100", m, "test_classes_fold_a_large_estate_without_rows_per_message")
+          for m in ("tree", "mesh-ttl2")]
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario, mode", SCENARIO_MODES)
-def test_default_scenarios(spark, request, scenario, mode):
-    # the selected cases of this test are routed two at a time, from the first one on
-    _start(spark, [(item.callspec.params["scenario"], item.callspec.params["mode"])
-                   for item in request.session.items
-                   if getattr(item, "originalname", None) == "test_default_scenarios"
-                   and item.module is request.module])
+def test_default_scenarios(spark, scenario, mode):
     _check_scenario(spark, scenario, modes=(mode,))
 
 
