@@ -9,12 +9,14 @@ The worker's directories go under the test's tmp dir, never into the installed p
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import io
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -47,31 +49,51 @@ def wait_for(proc: subprocess.Popen, log: Path, pattern: str, timeout: float = 1
 
 @contextlib.contextmanager
 def standalone(tmp: Path):
-    """A master and one worker on 127.0.0.1; yields the master URL."""
+    """A master and one worker on 127.0.0.1, started in the background: yields a function
+    that waits until the worker registered with the master and returns the master URL.
+
+    The JVMs start while the caller does other work (the local run): the master first,
+    the worker once the master's log names its URL (a worker dialing a master not yet up
+    retries only after 5-15 s)."""
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", SPARK_WORKER_DIR=str(tmp / "work"),
                SPARK_LOCAL_DIRS=str(tmp / "local"), SPARK_LOG_DIR=str(tmp / "logs"),
                SPARK_NO_DAEMONIZE="1")
-    procs = []
+    procs: list[subprocess.Popen] = []
+    lock = threading.Lock()
+    stopping = threading.Event()
+    mlog, wlog = tmp / "master.log", tmp / "worker.log"
+
+    def start_worker() -> str:
+        url = wait_for(procs[0], mlog, r"Starting Spark master at (spark://127\.0\.0\.1:\d+)")
+        with lock:
+            if stopping.is_set():
+                raise AssertionError("stopped before the worker started")
+            procs.append(subprocess.Popen(
+                [spark_bin("spark-class"), "org.apache.spark.deploy.worker.Worker",
+                 "--host", "127.0.0.1", "--port", "0", "--webui-port", "0", "--cores", "2",
+                 "--memory", "1g", "--work-dir", str(tmp / "work"), url],
+                stdout=wlog.open("w"), stderr=subprocess.STDOUT, env=env))
+        return url
+
+    def ready() -> tuple[str, dict]:
+        url = started.result()
+        wait_for(procs[1], wlog, r"Successfully registered with master")
+        return url, env
+
+    pool = concurrent.futures.ThreadPoolExecutor(1)
     try:
-        mlog = tmp / "master.log"
-        master = subprocess.Popen(
+        procs.append(subprocess.Popen(
             [spark_bin("spark-class"), "org.apache.spark.deploy.master.Master",
              "--host", "127.0.0.1", "--port", "0", "--webui-port", "0"],
-            stdout=mlog.open("w"), stderr=subprocess.STDOUT, env=env)
-        procs.append(master)
-        url = wait_for(master, mlog, r"Starting Spark master at (spark://127\.0\.0\.1:\d+)")
-        wlog = tmp / "worker.log"
-        worker = subprocess.Popen(
-            [spark_bin("spark-class"), "org.apache.spark.deploy.worker.Worker",
-             "--host", "127.0.0.1", "--port", "0", "--webui-port", "0", "--cores", "2",
-             "--memory", "1g", "--work-dir", str(tmp / "work"), url],
-            stdout=wlog.open("w"), stderr=subprocess.STDOUT, env=env)
-        procs.append(worker)
-        wait_for(worker, wlog, r"Successfully registered with master")
-        yield url, env
+            stdout=mlog.open("w"), stderr=subprocess.STDOUT, env=env))
+        started = pool.submit(start_worker)
+        yield ready
     finally:
-        for proc in reversed(procs):
-            proc.terminate()
+        with lock:                # no worker starts after this
+            stopping.set()
+            for proc in reversed(procs):
+                proc.terminate()
+        pool.shutdown()           # a waiting start_worker sees the master gone
         for proc in procs:
             try:
                 proc.wait(timeout=30)
@@ -83,13 +105,14 @@ def test_cluster_runs_csv_equals_local(spark, tmp_path):
     from treefed.analysis import job
     from treefed.scenario.runner import run_scenario
 
-    runs = [str(r.path) for r in run_scenario(SCENARIO, engine="replay",
-                                              out=tmp_path / "runs")]
-    local = tmp_path / "local"
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert job.main([*runs, "--out", str(local)]) == 0
+    with standalone(tmp_path) as ready:      # the cluster starts during the local run
+        runs = [str(r.path) for r in run_scenario(SCENARIO, engine="replay",
+                                                  out=tmp_path / "runs")]
+        local = tmp_path / "local"
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert job.main([*runs, "--out", str(local)]) == 0
 
-    with standalone(tmp_path) as (url, env):
+        url, env = ready()
         remote = tmp_path / "cluster"
         env = dict(env, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                    PYTHONPATH=str(ROOT))

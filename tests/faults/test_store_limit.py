@@ -25,6 +25,14 @@ async def _started(estates, mode, *, broker=None, policies=None):
     return estate
 
 
+def _blocked(ledger: Ledger, dst: str, *, held: float = 1.0) -> bool:
+    """A send to ``dst`` has waited ``held`` seconds for its receipt (a flowing send's
+    receipt comes within milliseconds)."""
+    now = trio.current_time()
+    return any(d == dst and now - t >= held and m not in ledger.confirmed
+               and m not in ledger.refused for m, (d, t) in ledger.sent.items())
+
+
 class TestDestinationLimit:
     async def test_blocked_producer_resumes_after_the_outage(self, estates, mode):
         """``limit_behaviour = "block"`` on the outbound queue: during the outage the
@@ -46,12 +54,16 @@ class TestDestinationLimit:
                 # the producer stalls once `limit` messages wait for the link
                 await wait_until(lambda: ledger.confirmed_between(t_cut, 1e18, UP[2])
                                  >= limit - 5, 20, "the backlog to reach the limit")
-                await trio.sleep(0.3)
+                # blocked: a send awaits its receipt (polled, not a fixed wait: under load
+                # the last sends before the limit can take longer than any fixed sleep)
+                await wait_until(lambda: _blocked(ledger, UP[2]), 20,
+                                 "the producer to block on a send")
                 stalled_at = up_producer.sent
                 local_before = local_consumer.received
-                await trio.sleep(0.7)
+                # while 50 local messages arrive, the blocked producer sends nothing
+                await wait_until(lambda: local_consumer.received > local_before + 50, 20,
+                                 "local traffic to go on")
                 assert up_producer.sent == stalled_at, "a blocked producer kept sending"
-                assert local_consumer.received > local_before + 50, "local traffic stalled"
                 assert not up_producer.refusals
                 assert await estate.brokers["s1"].stat() is not None
                 await trio.to_thread.run_sync(estate.proxies["s1"].restore)

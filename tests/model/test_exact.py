@@ -3,6 +3,9 @@ scenario's first convergence, and live in-process Sites on random trees and mesh
 
 from __future__ import annotations
 
+import concurrent.futures
+import multiprocessing
+
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
@@ -17,17 +20,43 @@ from treefed.scenario.workload import build_plan
 from tests.model.randomestate import live_counts, mesh_cases, tree_cases
 
 
-def _compare(scenario: str) -> None:
-    sc = with_compared_modes(load_scenario(find_scenario(scenario)))
-    plan = build_plan(sc)
+def _figures(plan, mode) -> tuple[dict, dict, int]:
+    """The model's and the replay's per-broker counts of ``mode``, and the adds the
+    model received."""
+    estate = estate_from_topology(plan.topology, mode)
+    model = propagate(estate, groups_from_consumers(plan.consumers))
+    truth = replay_counts(plan, mode)
+    return (model.per_broker(estate.brokers), truth.per_broker(estate.brokers),
+            sum(model.adds_received.values()))
+
+
+def _scenario(name: str):
+    sc = with_compared_modes(load_scenario(find_scenario(name)))
     # the model computes MODELLED modes only (not the tree-summary / tree-resync variants)
-    for mode in (m for m in sc.modes if m.label in MODELLED):
-        estate = estate_from_topology(plan.topology, mode)
-        model = propagate(estate, groups_from_consumers(plan.consumers))
-        truth = replay_counts(plan, mode)
-        assert model.per_broker(estate.brokers) == truth.per_broker(estate.brokers), \
-            mode.label
-        assert sum(model.adds_received.values()) > 0, mode.label
+    return sc, [m for m in sc.modes if m.label in MODELLED]
+
+
+def _mode_figures(name: str, label: str) -> tuple[dict, dict, int]:
+    """``_figures`` of one mode, in a worker process (which builds the plan itself)."""
+    sc, modes = _scenario(name)
+    return _figures(build_plan(sc), next(m for m in modes if m.label == label))
+
+
+def _compare(name: str, *, workers: int = 0) -> None:
+    """``workers``: the modes are independent, CPU-bound pure-Python runs; on that many
+    processes they use the machine's cores instead of one (0: all in this process)."""
+    sc, modes = _scenario(name)
+    labels = [m.label for m in modes]
+    if workers:
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+            figures = list(pool.map(_mode_figures, [name] * len(labels), labels))
+    else:
+        plan = build_plan(sc)
+        figures = [_figures(plan, mode) for mode in modes]
+    for label, (model, truth, adds) in zip(labels, figures, strict=True):
+        assert model == truth, label
+        assert adds > 0, label
 
 
 @pytest.mark.parametrize("scenario", ["retail-small", "churn", "deep", "reconfigure"])
@@ -37,7 +66,7 @@ def test_model_equals_replay_on_default_scenarios(scenario):
 
 @pytest.mark.slow
 def test_model_equals_replay_on_retail_4x250():
-    _compare("retail-4x250")
+    _compare("retail-4x250", workers=2)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -17,6 +17,8 @@ HQ's (2) -> 12.
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import pytest
 
 from treefed.model.cli import _scenario, model_rows
@@ -49,7 +51,15 @@ def test_plain_and_message_walks_split_every_broker_alike(tmp_path):
 
 @pytest.mark.spark
 def test_plain_exact_split_equals_the_spark_cells(spark):
-    runs, _t, _x = model_rows(spark, _scenario("retail-small", None, None),
-                              ["mesh-ttl2", "mesh-tuned"], engine="spark")
+    sc = _scenario("retail-small", None, None)
+
+    def rows(mode):
+        return model_rows(spark, sc, [mode], engine="spark")[0]
+
+    # one mode per thread: a mode's run is a chain of small Spark jobs keeping about one
+    # core busy; the session runs both side by side
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        runs = [r for part in pool.map(rows, ["mesh-ttl2", "mesh-tuned"]) for r in part]
+    assert [r["mode"] for r in runs] == ["mesh-ttl2", "mesh-tuned"]
     got = {r["mode"]: (r["sibling_spill"], r["downward_interest"]) for r in runs}
     assert got == {m: HAND[m] for m in got}

@@ -6,8 +6,10 @@ workload sends in every modelled mode, on random small trees and meshes, and thr
 
 from __future__ import annotations
 
+import concurrent.futures
 import csv
 import dataclasses
+import threading
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -46,25 +48,84 @@ def _exact_rows(outcomes):
 #: compared with the exact walk once per test session, whichever test asks for it first
 #: (retail-small's tree and mesh-ttl2 serve both retail-small tests)
 _CHECKED: dict = {}
+#: (scenario, mode) -> the future of its Spark routing (``_routing``).  A mode's routing is
+#: a chain of small Spark jobs whose driver-side work (planning, scheduling) keeps about one
+#: core busy; the session runs the jobs of two threads at once, so two routings run side
+#: by side, and a test may start the routings later tests of the module will check
+_ROUTINGS: dict = {}
+_POOL = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="spark-routing")
+
+
+_PLANS: dict = {}
+_PLANS_LOCK = threading.Lock()
+
+
+def _plan(name):
+    """The scenario and its plan, built once (one plan for the routings and the walks)."""
+    with _PLANS_LOCK:
+        if name not in _PLANS:
+            sc = with_compared_modes(load_scenario(find_scenario(name)))
+            _PLANS[name] = sc, build_plan(dataclasses.replace(sc, timeline=()))
+        return _PLANS[name]
+
+
+def _sends_of(plan):
+    return [Send(m.id, m.broker, m.dst) for m in plan.messages.values()
+            if m.kind != "timeline"]
+
+
+def _routing(spark, name, label):
+    sc, plan = _plan(name)
+    mode = next(m for m in sc.modes if m.label == label)
+    estate = estate_from_topology(plan.topology, mode)
+    return _spark_rows(spark, estate, groups_from_consumers(plan.consumers), _sends_of(plan))
+
+
+def _start(spark, keys):
+    """Start the Spark routings of ``keys`` ((scenario, mode) pairs) not started yet."""
+    for key in keys:
+        if key not in _ROUTINGS and key not in _CHECKED:
+            _ROUTINGS[key] = _POOL.submit(_routing, spark, *key)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _routings_end():
+    """No routing outlives the module (nor the session's SparkSession)."""
+    yield
+    for future in _ROUTINGS.values():
+        future.cancel()
+    concurrent.futures.wait(list(_ROUTINGS.values()))
+    _ROUTINGS.clear()
+
+
+def _keys(item) -> list:
+    """The (scenario, mode) routings a test item of this module checks."""
+    name = getattr(item, "originalname", None)
+    if name == "test_default_scenarios":
+        return [(item.callspec.params["scenario"], item.callspec.params["mode"])]
+    return [(scenario, mode) for scenario, mode, *tests in ROUTED if name in tests]
+
+
+@pytest.fixture(autouse=True)
+def _start_selected(request):
+    """From the module's first test on, the routings of every selected test of the
+    module are queued (in test order), so the two threads never wait for a test to ask."""
+    if "spark" in request.fixturenames:
+        spark = request.getfixturevalue("spark")
+        _start(spark, [key for item in request.session.items
+                       if item.module is request.module for key in _keys(item)])
 
 
 def _check_scenario(spark, name, modes=None):
-    sc = with_compared_modes(load_scenario(find_scenario(name)))
+    sc, plan = _plan(name)
     wanted = [m for m in sc.modes if m.label in (modes or MODELLED)]
-    if all((name, m.label) in _CHECKED for m in wanted):
-        return {m.label: _CHECKED[name, m.label] for m in wanted}
-    plan = build_plan(dataclasses.replace(sc, timeline=()))
-    groups = groups_from_consumers(plan.consumers)
+    _start(spark, [(name, m.label) for m in wanted])
     units = {m.id: m.units for m in plan.messages.values()}
-    sends = [Send(m.id, m.broker, m.dst) for m in plan.messages.values()
-             if m.kind != "timeline"]
-    figures = {}
+    sends = _sends_of(plan)
     for mode in wanted:
         if (name, mode.label) in _CHECKED:
-            figures[mode.label] = _CHECKED[name, mode.label]
             continue
-        estate = estate_from_topology(plan.topology, mode)
-        folded, classes, res, rows = _spark_rows(spark, estate, groups, sends)
+        folded, classes, res, rows = _ROUTINGS.pop((name, mode.label)).result()
         exact = route_plan(plan, mode)
         assert [(r["delivered"], r["delivered_at"], r["stranded_at"]) for r in rows] == \
             _exact_rows(exact), mode.label
@@ -73,9 +134,8 @@ def _check_scenario(spark, name, modes=None):
         assert {k: mine[k] for k in ref} == ref, mode.label
         # counts carried, not messages: fewer classes than sends once there are many
         assert sum(classes.count) == len(sends)
-        figures[mode.label] = _CHECKED[name, mode.label] = \
-            (mine, len(classes.keys), len(folded.cells))
-    return figures
+        _CHECKED[name, mode.label] = (mine, len(classes.keys), len(folded.cells))
+    return {m.label: _CHECKED[name, m.label] for m in wanted}
 
 
 def test_retail_small_tree_and_ttl2(spark):
@@ -103,6 +163,14 @@ SCENARIO_MODES = [("sweep-size-4x0005", "mesh-tuned"), ("sweep-size-4x0025", "na
                   ("sweep-depth-3", "mesh-ttl3"), ("churn", "tree"),
                   ("reconfigure", "mesh-ttl2"), ("deep", "mesh-tuned-oneway"),
                   ("sweep-depth-2", "mesh-ttl1")]
+
+#: (scenario, mode, tests that check it) besides test_default_scenarios' cases: what
+#: ``_start_selected`` queues for the selected tests
+ROUTED = [("retail-small", m, "test_retail_small_every_mode",
+           *(("test_retail_small_tree_and_ttl2",) if m in ("tree", "mesh-ttl2") else ()))
+          for m in MODELLED] + \
+         [("sweep-size-4x0100", m, "test_classes_fold_a_large_estate_without_rows_per_message")
+          for m in ("tree", "mesh-ttl2")]
 
 
 @pytest.mark.slow
