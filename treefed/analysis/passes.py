@@ -43,6 +43,15 @@ results on the driver:
    same expressions (``job.finish_runs``, ``job.recovery_text``,
    ``variants.frames_text``) over one local frame of one row per run.
 
+Runs with integer codes (scenario/parquet_parts.py: ``event_code``, ``broker_code``,
+``origin_code``, ``dst_code``, ``run_key`` columns, the dictionaries in the codes file,
+the non-advisory rows copied to the rest file): both passes above read only the rest
+file's rows (a Parquet reader decodes every selected column of every row, so the strings
+of the 90 % that are advisories are never read), and ``hot_facts`` counts the advisory
+rows of the parts by integers alone -- the same P (and S) sums, joined with the interest
+and store sets as (run_key, code) pairs -- mapped back to broker ids on the driver.  A
+run without codes, or whose codes do not check (``run_codes``), is read by its strings.
+
 ``percentile_approx`` is reproduced by ``spark_percentile``: Spark's Greenwald-Khanna
 summary (accuracy 10,000) over one partial aggregate -- exact below 5,000 consumers per
 run, Spark's own one-rank-lower pick above it.
