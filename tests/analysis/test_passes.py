@@ -113,6 +113,23 @@ def _wildcard_run(root: Path) -> Path:
     return run
 
 
+def _coded_copy(run: Path, root: Path) -> Path:
+    """A hand-written run with the runner's Parquet parts and integer codes
+    (parquet_parts.ParquetParts), read by the coded path."""
+    from treefed.scenario.parquet_parts import ParquetParts
+
+    copy = root / (run.name + "-coded")
+    shutil.copytree(run, copy)
+    data = (copy / "events.jsonl").read_bytes()
+    parts = ParquetParts(copy, run_id=copy.name)
+    parts.write(data)
+    parts.close()
+    summary = {"events": data.count(b"\n"), "parquet_codes": parts.codes,
+               "parquet_parts": [{"file": f, "rows": n} for f, n in parts.parts]}
+    (copy / "summary.json").write_text(json.dumps(summary))
+    return copy
+
+
 @pytest.fixture(scope="module")
 def every_kind_of_run(tmp_path_factory) -> list[Path]:
     from tests.analysis.test_job import write_run
@@ -130,6 +147,7 @@ def every_kind_of_run(tmp_path_factory) -> list[Path]:
     hand.mkdir()
     runs += [write_run(hand, "tree"), write_run(hand, "mesh-ttl1", bad=True),
              write_run(hand, "mesh-ttl2", gz=True), _wildcard_run(hand)]
+    runs.append(_coded_copy(runs[-1], hand))
     for name, lines in (("variant-t", tree_log()), ("variant-m", mesh_log())):
         run = hand / name
         run.mkdir()

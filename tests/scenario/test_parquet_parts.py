@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from treefed import events
-from treefed.scenario.parquet_parts import arrow_schema, parquet_problems
+from treefed.scenario.parquet_parts import (CODE_COLUMNS, CODES_FILE, EVENT_CODES,
+                                            arrow_schema, coded_schema, parquet_problems)
 from treefed.scenario.runner import run_scenario
 
 SMALL = Path(__file__).resolve().parents[2] / "scenarios" / "retail-small.toml"
@@ -35,20 +36,70 @@ def _json_lines(r) -> list[dict]:
 def test_schema_is_the_events_schema(run):
     (part,) = run.summary["parquet_parts"]
     schema = pq.read_schema(run.path / part["file"])
-    assert schema.names == list(events.FIELD_TYPES)
+    # the events.py fields first, then the job's integer columns (additive)
+    assert schema.names == list(events.FIELD_TYPES) + list(CODE_COLUMNS)
     kinds = {"string": "string", "long": "int64", "double": "double", "boolean": "bool"}
-    assert [str(f.type) for f in schema] == [kinds[k] for k in events.FIELD_TYPES.values()]
-    assert schema.equals(arrow_schema())
+    assert [str(f.type) for f in schema][:len(events.FIELD_TYPES)] == \
+        [kinds[k] for k in events.FIELD_TYPES.values()]
+    assert schema.equals(coded_schema())
+    assert coded_schema().names[:len(events.FIELD_TYPES)] == arrow_schema().names
 
 
 def test_same_rows_as_the_json_lines(run):
     """Every line, in order, each field the same value (absent = null)."""
     (part,) = run.summary["parquet_parts"]
-    table = pq.read_table(run.path / part["file"])
+    table = pq.read_table(run.path / part["file"], columns=list(events.FIELD_TYPES))
     assert part["rows"] == table.num_rows == run.summary["events"]
     wanted = [{f: line.get(f) for f in events.FIELD_TYPES} for line in _json_lines(run)]
     assert table.to_pylist() == wanted
     assert not parquet_problems(run.path, run.summary)
+
+
+def test_code_columns_are_the_rows_strings(run):
+    """Each row's integer codes name its own event, broker, origin and destination
+    through the codes file's dictionaries (wildcards negative)."""
+    (part,) = run.summary["parquet_parts"]
+    assert run.summary["parquet_codes"] == CODES_FILE
+    codes = json.loads((run.path / CODES_FILE).read_text())
+    assert codes["events"] == list(EVENT_CODES)
+    dsts = {code: name for name, code in codes["dsts"].items()}
+    assert len(dsts) == len(codes["dsts"])
+    keys = set()
+    for row in pq.read_table(run.path / part["file"]).to_pylist():
+        removal = row["kind"] is not None and row["kind"] != "add"
+        assert row["event_code"] == 2 * EVENT_CODES.index(row["event"]) + removal
+        assert codes["brokers"][row["broker_code"]] == row["broker"]
+        origin = row["origin"] or (row["consumer"].split("/")[0] if row["consumer"] else None)
+        assert (None if row["origin_code"] is None
+                else codes["brokers"][row["origin_code"]]) == origin
+        assert (None if row["dst_code"] is None else dsts[row["dst_code"]]) == row["dst"]
+        if row["dst"] is not None:
+            assert (row["dst_code"] < 0) == ("*" in row["dst"] or ">" in row["dst"])
+        keys.add(row["run_key"])
+    assert keys == {codes["run_key"]}
+
+
+def test_coder_keeps_one_dictionary_across_row_groups():
+    import pyarrow as pa
+
+    from treefed.scenario.parquet_parts import Coder
+
+    coder = Coder("r")
+    rows = [{"event": "advisory.sent", "broker": b, "dst": d, "kind": k, "consumer": c,
+             "origin": None}
+            for b, d, k, c in (("a", "queue://x", "add", "b/c/1"), ("b", "topic://t.>", "remove", None),
+                               ("c", None, None, "zz"))]
+    schema = pa.schema([pa.field(n, pa.string()) for n in rows[0]])
+    first = coder.encode(pa.Table.from_pylist(rows[:2], schema)).to_pylist()
+    second = coder.encode(pa.Table.from_pylist(rows[1:][::-1], schema)).to_pylist()
+    assert [r["broker_code"] for r in first] == [0, 1]
+    assert [r["broker_code"] for r in second] == [2, 1]          # c new, b as before
+    # origins share the broker dictionary (b's consumer id, then zz's)
+    assert [r["origin_code"] for r in first + second] == [1, None, 3, None]
+    assert list(coder.brokers) == ["a", "b", "c", "zz"]
+    assert [r["dst_code"] for r in first + second] == [0, -1, None, -1]
+    sent = 2 * EVENT_CODES.index("advisory.sent")
+    assert [r["event_code"] for r in first] == [sent, sent + 1]
 
 
 def test_parts_roll_like_the_json_parts(tmp_path, monkeypatch):

@@ -33,7 +33,9 @@ class TestRunScenario:
             assert r.path.name == r.run_id
             assert {p.name for p in r.path.iterdir()} == {"events.jsonl.gz", "scenario.toml",
                                                           "summary.json",
-                                                          "events.part-0000.parquet"}
+                                                          "events.part-0000.parquet",
+                                                          "events.rest.parquet",
+                                                          "events.codes.json"}
 
     def test_summary_keys(self, small_runs) -> None:
         """summary.json holds the issue's keys with the run's figures."""

@@ -43,6 +43,15 @@ results on the driver:
    same expressions (``job.finish_runs``, ``job.recovery_text``,
    ``variants.frames_text``) over one local frame of one row per run.
 
+Runs with integer codes (scenario/parquet_parts.py: ``event_code``, ``broker_code``,
+``origin_code``, ``dst_code``, ``run_key`` columns, the dictionaries in the codes file,
+the non-advisory rows copied to the rest file): both passes above read only the rest
+file's rows (a Parquet reader decodes every selected column of every row, so the strings
+of the 90 % that are advisories are never read), and ``hot_facts`` counts the advisory
+rows of the parts by integers alone -- the same P (and S) sums, joined with the interest
+and store sets as (run_key, code) pairs -- mapped back to broker ids on the driver.  A
+run without codes, or whose codes do not check (``run_codes``), is read by its strings.
+
 ``percentile_approx`` is reproduced by ``spark_percentile``: Spark's Greenwald-Khanna
 summary (accuracy 10,000) over one partial aggregate -- exact below 5,000 consumers per
 run, Spark's own one-rank-lower pick above it.
@@ -53,11 +62,20 @@ both on fixtures and compares runs.csv and per_role.csv byte for byte.
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
+import os
 import re
+import sys
+import time
 from bisect import bisect_left
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -352,20 +370,206 @@ def _interest(rows: list) -> dict[str, set[tuple[str, str]]]:
     return {run: pairs - direct.get(run, set()) for run, pairs in covered.items()}
 
 
+# ----------------------------------------------------------------------------- coded rows
+
+# parquet_parts.HOT_EVENTS: the events whose rows the integer path counts (90 % of make
+# run's rows): each adds only to its broker's P counts, and advisory.sent to S.
+#: The events pass 1 reads (besides wildcard destinations).
+_DIM_EVENTS = ("broker.info", "run.started") + _INTEREST_EVENTS
+_CODE_TYPES = {"event_code": T.IntegerType(), "broker_code": T.IntegerType(),
+               "origin_code": T.IntegerType(), "dst_code": T.IntegerType(),
+               "run_key": T.LongType()}
+
+
+@dataclass
+class RunCodes:
+    """A run's dictionaries (parquet_parts.Coder's codes file)."""
+
+    run: str
+    key: int
+    brokers: list[str]
+    dsts: dict[str, int]
+    parts: list[str]      # every row, with the code columns
+    rest: str             # the rows that are not hot (parquet_parts.REST_FILE)
+
+
+def run_codes(path: str) -> RunCodes | None:
+    """The codes of a local run directory whose every Parquet part carries the code
+    columns and whose codes file numbers the events this job knows; else None (the run
+    is read by its strings: an older run, or codes from another version)."""
+    from treefed.scenario.parquet_parts import CODE_COLUMNS, EVENT_CODES, HOT_EVENTS
+
+    parts = job.parquet_parts(path)
+    if parts is None:
+        return None
+    try:
+        with open(os.path.join(path, "summary.json"), encoding="utf-8") as f:
+            name = json.load(f).get("parquet_codes")
+        if not isinstance(name, str) or "/" in name:
+            return None
+        with open(os.path.join(path, name), encoding="utf-8") as f:
+            data = json.load(f)
+        if data.get("events") != list(EVENT_CODES) or data.get("hot") != list(HOT_EVENTS):
+            return None
+        rest = data["rest"]
+        if "/" in str(rest["file"]):
+            return None
+        rest_path = os.path.join(path, str(rest["file"]))
+        if pq.read_metadata(rest_path).num_rows != int(rest["rows"]):
+            return None
+        for part in [*parts, rest_path]:
+            if not set(CODE_COLUMNS) <= set(pq.read_schema(part).names):
+                return None
+        return RunCodes(run=os.path.basename(os.path.normpath(path)),
+                        key=int(data["run_key"]), brokers=[str(b) for b in data["brokers"]],
+                        dsts={str(k): int(v) for k, v in data["dsts"].items()},
+                        parts=parts, rest=rest_path)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, pa.ArrowException):
+        return None
+
+
+def _event_in(names: tuple[str, ...]) -> Column:
+    """The coded row is one of these events (either kind)."""
+    from treefed.scenario.parquet_parts import EVENT_CODES
+
+    return F.shiftright(F.col("event_code"), 1).isin(*(EVENT_CODES.index(n) for n in names))
+
+
+def _read(spark: SparkSession, paths: list[str], coded: dict[str, RunCodes],
+          json_only: frozenset[str]) -> tuple[DataFrame, DataFrame | None]:
+    """(the rows read by their strings, the coded runs' rows for hot_facts).  The first:
+    job.read_events' rows of the runs without codes and the coded runs' REST_FILE rows
+    (with null / their code columns); the second: every row of the coded runs' parts,
+    only hot_facts reads its integer columns."""
+    columns = [*job.USED_COLUMNS, *_CODE_TYPES]
+    fields = T.StructType(job._parquet_schema().fields
+                          + [T.StructField(c, t) for c, t in _CODE_TYPES.items()])
+
+    def coded_frame(files: list[str]) -> DataFrame:
+        frame = (spark.read.schema(fields).parquet(*files)
+                 .withColumn(job.CORRUPT, F.lit(None).cast("string")))
+        return frame.withColumn("run", job._run_of(F.col("_metadata.file_path")))
+
+    frames = []
+    rest = [p for p in paths if p not in coded]
+    if rest:
+        frames.append(job.read_events(spark, rest, json_only=json_only).select(
+            *job.USED_COLUMNS, *(F.lit(None).cast(t).alias(c) for c, t in _CODE_TYPES.items())))
+    if coded:
+        frames.append(coded_frame([coded[p].rest for p in paths if p in coded])
+                      .select(*columns))
+    strings = frames[0]
+    for more in frames[1:]:
+        strings = strings.unionByName(more)
+    if not coded:
+        return strings, None
+    return strings, coded_frame([f for p in paths if p in coded for f in coded[p].parts])
+
+
+def _hot(parsed: DataFrame) -> Column:
+    from treefed.scenario.parquet_parts import HOT_EVENTS
+
+    return (_event_in(HOT_EVENTS) & F.col("broker_code").isNotNull()
+            & F.coalesce(F.col("dst_code") >= 0, F.lit(True)))
+
+
+def hot_facts(parsed: DataFrame, interest: DataFrame, stores: DataFrame) -> DataFrame:
+    """The P (and S) sums of ``facts`` for the coded HOT_EVENTS rows, by integers: (run_key,
+    broker_code, code, ts of an advisory.sent) -> n.  ``interest``: (run_key, broker_code,
+    dst_code) a broker sends to; ``stores``: (run_key, code) of the brokers that are stores
+    (job._store)."""
+    from treefed.scenario.parquet_parts import EVENT_CODES
+
+    event = F.shiftright(F.col("event_code"), 1)
+    add = (F.col("event_code").bitwiseAND(1) == 0)
+    sent = event == EVENT_CODES.index("advisory.sent")
+    received = add & (event == EVENT_CODES.index("advisory.received"))
+    rows = parsed.where(_hot(parsed)).select(
+        "run_key", "broker_code", "ts", sent.alias("sent"), (add & sent).alias("frame"),
+        received.alias("received"),
+        F.when(received, F.col("broker_code")).alias("j_broker"),
+        F.when(received, F.col("dst_code")).alias("j_dst"),
+        F.when(received, F.col("origin_code")).alias("j_origin"))
+    i = interest.select(F.col("run_key").alias("i_key"), F.col("broker_code").alias("i_b"),
+                        F.col("dst_code").alias("i_d"), F.lit(True).alias("useful"))
+    at = stores.select(F.col("run_key").alias("a_key"), F.col("code").alias("a_code"),
+                       F.lit(True).alias("at_store"))
+    fr = stores.select(F.col("run_key").alias("f_key"), F.col("code").alias("f_code"),
+                       F.lit(True).alias("from_store"))
+    rows = (rows.join(F.broadcast(i), (F.col("run_key") == F.col("i_key"))
+                      & (F.col("j_broker") == F.col("i_b"))
+                      & (F.col("j_dst") == F.col("i_d")), "left")
+            .join(F.broadcast(at), (F.col("run_key") == F.col("a_key"))
+                  & (F.col("j_broker") == F.col("a_code")), "left")
+            .join(F.broadcast(fr), (F.col("run_key") == F.col("f_key"))
+                  & (F.col("j_origin") == F.col("f_code")), "left"))
+    spilled = F.col("received") & F.col("useful").isNull()
+    at_store = F.col("at_store").isNotNull()
+    from_store = F.col("from_store").isNotNull()
+    code = (F.when(F.col("frame"), 1 << 3).otherwise(0)
+            + F.when(F.col("received"), 1 << 4).otherwise(0)
+            + F.when(spilled, 1 << 5).otherwise(0)
+            + F.when(spilled & at_store & from_store, 1 << 6).otherwise(0)
+            + F.when(spilled & at_store & ~from_store, 1 << 7).otherwise(0))
+    return rows.groupBy("run_key", "broker_code", code.alias("code"),
+                        F.when(F.col("sent"), F.col("ts")).alias("ts")).count()
+
+
+def _code_tables(spark: SparkSession, coded: dict[str, RunCodes], dim_rows: list[dict],
+                 covered: dict[str, set[tuple[str, str]]],
+                 roles: dict) -> tuple[DataFrame, DataFrame]:
+    """hot_facts' interest and stores tables for the coded runs, from pass 1's rows."""
+    by_run = {c.run: c for c in coded.values()}
+    index = {c.run: {b: k for k, b in enumerate(c.brokers)} for c in coded.values()}
+    pairs: set[tuple[int, int, int]] = set()
+    sends = [(r["run"], r["broker"], r["dst"]) for r in dim_rows if r["kind"] == "send"]
+    sends += [(run, b, d) for run, found in covered.items() for b, d in found]
+    for run, broker, dst in sends:
+        c = by_run.get(run)
+        if c is None:
+            continue
+        b, d = index[run].get(broker), c.dsts.get(dst)
+        if b is not None and d is not None:
+            pairs.add((c.key, b, d))
+    stores = [(c.key, k) for c in coded.values() for k, name in enumerate(c.brokers)
+              if (roles.get((c.run, name), {}).get("role") or "") == "leaf"
+              or site_tier(name) == "store"]
+    interest = spark.createDataFrame(sorted(pairs),
+                                     "run_key long, broker_code int, dst_code int")
+    return interest, spark.createDataFrame(stores, "run_key long, code int")
+
+
+def _coded(paths: list[str], json_only: frozenset[str]) -> dict[str, RunCodes]:
+    """The runs read by their codes: coded, not JSON-only, and a key no other run has."""
+    found = {p: c for p in paths if p not in json_only and (c := run_codes(p)) is not None}
+    keys: dict[int, int] = defaultdict(int)
+    for c in found.values():
+        keys[c.key] += 1
+    return {p: c for p, c in found.items() if keys[c.key] == 1}
+
+
 def compute_passes(spark: SparkSession, paths: list[str], *,
                    json_only: frozenset[str] = frozenset()) -> PassTables:
     """The runs, per-role and brokers tables of job.compute, in two scans."""
-    parsed = job.read_events(spark, paths, json_only=json_only).select(*job.USED_COLUMNS)
+    coded = _coded(paths, json_only)
+    parsed, every = _read(spark, paths, coded, json_only)
     cached: list[DataFrame] = []
-    if any(p in json_only or job.parquet_parts(p) is None for p in paths):
+    if any(p not in coded and (p in json_only or job.parquet_parts(p) is None)
+           for p in paths):
         # JSON lines: decoded once for both passes, one corrupt-line verdict (job.compute)
         parsed = parsed.persist(job.cache_level(paths))
         cached.append(parsed)
     events = job.valid_events(parsed)
+    if coded:
+        # pass 1 needs only the defining events and wildcard destinations
+        events = events.where(F.col("event_code").isNull() | _event_in(_DIM_EVENTS)
+                              | (F.col("dst_code") < 0))
 
+    step = _Steps(spark)
     dims = dimensions(events).persist(StorageLevel.MEMORY_AND_DISK)
     cached.append(dims)
     dim_rows = [r.asDict() for r in dims.collect()]
+    step("pass 1 (dimensions)")
     info = {r["run"]: r for r in dim_rows if r["kind"] == "start"}
     roles = {(r["run"], r["broker"]): r for r in dim_rows if r["kind"] == "info"}
     tree_runs = sorted(run for run, r in info.items()
@@ -379,13 +583,61 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
     role_frame = dims.where(F.col("kind") == "info").select("run", "broker", "role")
 
     table = facts(parsed, interest, role_frame, tree_runs).toArrow()
+    step(f"pass 2 by strings ({table.num_rows:,} fact rows)")
+    rows = _fact_rows(table)
+    if coded:
+        code_interest, stores = _code_tables(spark, coded, dim_rows, covered, roles)
+        hot = hot_facts(every, code_interest, stores).toArrow()
+        step(f"pass 2 by codes ({hot.num_rows:,} rows)")
+        rows = itertools.chain(rows, _hot_rows(hot, coded))
     summaries = [r.asDict() for r in job.read_summaries(spark, paths).collect()]
-    return _assemble(spark, table, info, roles, summaries, cached)
+    step("summaries")
+    out = _assemble(spark, rows, info, roles, summaries, cached)
+    step("assembly and the runs frame")
+    return out
 
 
-def _assemble(spark: SparkSession, table, info: dict, roles: dict, summaries: list[dict],
-              cached: list[DataFrame]) -> PassTables:
-    cols = {name: table.column(name).to_pylist() for name in table.column_names}
+class _Steps:
+    """With TREEFED_REPORT_STEPS set: each step's wall and driver JVM CPU seconds on
+    stderr (where the job's time goes; bench/spark_rows.py)."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.on = bool(os.environ.get("TREEFED_REPORT_STEPS"))
+        self.spark = spark
+        self.last = (time.perf_counter(), job._jvm_cpu_s(spark) if self.on else None)
+
+    def __call__(self, name: str) -> None:
+        if not self.on:
+            return
+        now = (time.perf_counter(), job._jvm_cpu_s(self.spark))
+        cpu = "" if None in (now[1], self.last[1]) else f", JVM CPU {now[1] - self.last[1]:.1f} s"
+        print(f"treefed report: step {name}: {now[0] - self.last[0]:.1f} s{cpu}",
+              file=sys.stderr, flush=True)
+        self.last = now
+
+
+def _fact_rows(table) -> Iterator[tuple]:
+    """facts' rows (tag, run, broker, a, b, ts, code, n), a batch at a time."""
+    for batch in table.to_batches(max_chunksize=65536):
+        cols = [batch.column(n).to_pylist()
+                for n in ("tag", "run", "broker", "a", "b", "ts", "code", "n")]
+        yield from zip(*cols)
+
+
+def _hot_rows(table, coded: dict[str, RunCodes]) -> Iterator[tuple]:
+    """hot_facts' rows as facts' P rows (and an S row per advisory.sent time)."""
+    by_key = {c.key: c for c in coded.values()}
+    cols = [table.column(n).to_pylist() for n in ("run_key", "broker_code", "code", "ts",
+                                                  "count")]
+    for key, broker, code, ts, n in zip(*cols):
+        c = by_key[key]
+        yield ("P", c.run, c.brokers[broker], None, None, None, code, n)
+        if ts is not None:
+            yield ("S", c.run, None, None, None, ts, 0, n)
+
+
+def _assemble(spark: SparkSession, rows: Iterable[tuple], info: dict, roles: dict,
+              summaries: list[dict], cached: list[DataFrame]) -> PassTables:
     lines: dict[str, list[int]] = {}
     brokers: dict[tuple[str, str], dict] = {}
     held: dict[tuple[str, str], dict[float, int]] = defaultdict(lambda: defaultdict(int))
@@ -398,9 +650,7 @@ def _assemble(spark: SparkSession, table, info: dict, roles: dict, summaries: li
     adds: dict[tuple[str, str], list[float]] = defaultdict(list)
     links: dict[str, list[tuple[str, float]]] = defaultdict(list)
     names = ("bad_lines", "finished") + _COUNTS     # the code's bits, from 1 up
-    for tag, run, broker, a, b, ts, code, n in zip(
-            cols["tag"], cols["run"], cols["broker"], cols["a"], cols["b"], cols["ts"],
-            cols["code"], cols["n"]):
+    for tag, run, broker, a, b, ts, code, n in rows:
         if tag == "P":
             total = lines.setdefault(run, [0, 0, 0])
             total[0] += n

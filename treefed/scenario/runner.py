@@ -125,7 +125,7 @@ def _run_mode(plan: Plan, mode: Mode, cls: Any, engine: str, out: Path, *,
     run_id, path = _run_dir(out, plan.scenario.name, mode.label, engine)
     (path / "scenario.toml").write_text(scenario_toml(plan.scenario, mode), encoding="utf-8")
     started = time.perf_counter()
-    parts = ParquetParts(path, part_lines=LOG_PART_LINES) if parquet else None
+    parts = ParquetParts(path, part_lines=LOG_PART_LINES, run_id=run_id) if parquet else None
     writer = EventWriter(path / "events.jsonl.gz", run=run_id, part_lines=LOG_PART_LINES,
                          tee=parts)
     try:
@@ -153,6 +153,8 @@ def _run_mode(plan: Plan, mode: Mode, cls: Any, engine: str, out: Path, *,
     summary["events_per_s"] = round(events / wall) if wall > 0 else 0
     if parts is not None and parts.error is None:
         summary["parquet_parts"] = [{"file": name, "rows": rows} for name, rows in parts.parts]
+        if parts.codes is not None:
+            summary["parquet_codes"] = parts.codes   # the job's integer columns' dictionaries
     elif parts is not None:
         summary["parquet_error"] = parts.error    # the job reads the JSON lines
     (path / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n",
