@@ -45,10 +45,11 @@ results on the driver:
 
 Runs with integer codes (scenario/parquet_parts.py: ``event_code``, ``broker_code``,
 ``origin_code``, ``dst_code``, ``run_key`` columns, the dictionaries in the codes file,
-the non-advisory rows copied to the rest file): both passes above read only the rest
-file's rows (a Parquet reader decodes every selected column of every row, so the strings
-of the 90 % that are advisories are never read), and ``hot_facts`` counts the advisory
-rows of the parts by integers alone -- the same P (and S) sums, joined with the interest
+the rows other than advisories and demand.created copied to the rest file): both passes
+above read only the rest file's rows (a Parquet reader decodes every selected column of
+every row, so the strings of the ~95 % that are hot are never read), and ``hot_facts`` /
+``consumer_facts`` count the hot rows of the parts by integers alone -- the same P, S, T
+and C sums, joined with the interest
 and store sets as (run_key, code) pairs -- mapped back to broker ids on the driver.  A
 run without codes, or whose codes do not check (``run_codes``), is read by its strings.
 
@@ -372,8 +373,8 @@ def _interest(rows: list) -> dict[str, set[tuple[str, str]]]:
 
 # ----------------------------------------------------------------------------- coded rows
 
-# parquet_parts.HOT_EVENTS: the events whose rows the integer path counts (90 % of make
-# run's rows): each adds only to its broker's P counts, and advisory.sent to S.
+# parquet_parts.HOT_EVENTS: the events whose rows the integer path counts (~95 % of make
+# run's rows): P counts, advisory.sent's S, demand.created's T and C.
 #: The events pass 1 reads (besides wildcard destinations).
 _DIM_EVENTS = ("broker.info", "run.started") + _INTEREST_EVENTS
 _CODE_TYPES = {"event_code": T.IntegerType(), "broker_code": T.IntegerType(),
