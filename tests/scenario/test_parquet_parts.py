@@ -75,6 +75,8 @@ def test_code_columns_are_the_rows_strings(run):
         assert (None if row["dst_code"] is None else dsts[row["dst_code"]]) == row["dst"]
         if row["dst"] is not None:
             assert (row["dst_code"] < 0) == ("*" in row["dst"] or ">" in row["dst"])
+        assert (None if row["consumer_code"] is None
+                else codes["consumers"][row["consumer_code"]]) == row["consumer"]
         keys.add(row["run_key"])
     assert keys == {codes["run_key"]}
 

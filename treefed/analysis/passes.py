@@ -45,10 +45,11 @@ results on the driver:
 
 Runs with integer codes (scenario/parquet_parts.py: ``event_code``, ``broker_code``,
 ``origin_code``, ``dst_code``, ``run_key`` columns, the dictionaries in the codes file,
-the non-advisory rows copied to the rest file): both passes above read only the rest
-file's rows (a Parquet reader decodes every selected column of every row, so the strings
-of the 90 % that are advisories are never read), and ``hot_facts`` counts the advisory
-rows of the parts by integers alone -- the same P (and S) sums, joined with the interest
+the rows other than advisories and demand.created copied to the rest file): both passes
+above read only the rest file's rows (a Parquet reader decodes every selected column of
+every row, so the strings of the ~95 % that are hot are never read), and ``hot_facts`` /
+``consumer_facts`` count the hot rows of the parts by integers alone -- the same P, S, T
+and C sums, joined with the interest
 and store sets as (run_key, code) pairs -- mapped back to broker ids on the driver.  A
 run without codes, or whose codes do not check (``run_codes``), is read by its strings.
 
@@ -372,13 +373,13 @@ def _interest(rows: list) -> dict[str, set[tuple[str, str]]]:
 
 # ----------------------------------------------------------------------------- coded rows
 
-# parquet_parts.HOT_EVENTS: the events whose rows the integer path counts (90 % of make
-# run's rows): each adds only to its broker's P counts, and advisory.sent to S.
+# parquet_parts.HOT_EVENTS: the events whose rows the integer path counts (~95 % of make
+# run's rows): P counts, advisory.sent's S, demand.created's T and C.
 #: The events pass 1 reads (besides wildcard destinations).
 _DIM_EVENTS = ("broker.info", "run.started") + _INTEREST_EVENTS
 _CODE_TYPES = {"event_code": T.IntegerType(), "broker_code": T.IntegerType(),
                "origin_code": T.IntegerType(), "dst_code": T.IntegerType(),
-               "run_key": T.LongType()}
+               "run_key": T.LongType(), "consumer_code": T.IntegerType()}
 
 
 @dataclass
@@ -389,6 +390,7 @@ class RunCodes:
     key: int
     brokers: list[str]
     dsts: dict[str, int]
+    consumers: list[str]
     parts: list[str]      # every row, with the code columns
     rest: str             # the rows that are not hot (parquet_parts.REST_FILE)
 
@@ -423,6 +425,7 @@ def run_codes(path: str) -> RunCodes | None:
         return RunCodes(run=os.path.basename(os.path.normpath(path)),
                         key=int(data["run_key"]), brokers=[str(b) for b in data["brokers"]],
                         dsts={str(k): int(v) for k, v in data["dsts"].items()},
+                        consumers=[str(c) for c in data["consumers"]],
                         parts=parts, rest=rest_path)
     except (OSError, ValueError, TypeError, KeyError, AttributeError, pa.ArrowException):
         return None
@@ -484,11 +487,13 @@ def hot_facts(parsed: DataFrame, interest: DataFrame, stores: DataFrame) -> Data
     add = (F.col("event_code").bitwiseAND(1) == 0)
     sent = event == EVENT_CODES.index("advisory.sent")
     received = add & (event == EVENT_CODES.index("advisory.received"))
+    created = event == EVENT_CODES.index("demand.created")
     rows = parsed.where(_hot(parsed)).select(
         "run_key", "broker_code", "ts", sent.alias("sent"), (add & sent).alias("frame"),
-        received.alias("received"),
+        received.alias("received"), created.alias("created"),
         F.when(received, F.col("broker_code")).alias("j_broker"),
-        F.when(received, F.col("dst_code")).alias("j_dst"),
+        F.when(received | created, F.col("broker_code")).alias("ji_broker"),
+        F.when(received | created, F.col("dst_code")).alias("j_dst"),
         F.when(received, F.col("origin_code")).alias("j_origin"))
     i = interest.select(F.col("run_key").alias("i_key"), F.col("broker_code").alias("i_b"),
                         F.col("dst_code").alias("i_d"), F.lit(True).alias("useful"))
@@ -497,7 +502,7 @@ def hot_facts(parsed: DataFrame, interest: DataFrame, stores: DataFrame) -> Data
     fr = stores.select(F.col("run_key").alias("f_key"), F.col("code").alias("f_code"),
                        F.lit(True).alias("from_store"))
     rows = (rows.join(F.broadcast(i), (F.col("run_key") == F.col("i_key"))
-                      & (F.col("j_broker") == F.col("i_b"))
+                      & (F.col("ji_broker") == F.col("i_b"))
                       & (F.col("j_dst") == F.col("i_d")), "left")
             .join(F.broadcast(at), (F.col("run_key") == F.col("a_key"))
                   & (F.col("j_broker") == F.col("a_code")), "left")
@@ -510,9 +515,20 @@ def hot_facts(parsed: DataFrame, interest: DataFrame, stores: DataFrame) -> Data
             + F.when(F.col("received"), 1 << 4).otherwise(0)
             + F.when(spilled, 1 << 5).otherwise(0)
             + F.when(spilled & at_store & from_store, 1 << 6).otherwise(0)
-            + F.when(spilled & at_store & ~from_store, 1 << 7).otherwise(0))
+            + F.when(spilled & at_store & ~from_store, 1 << 7).otherwise(0)
+            + F.when(F.col("created"), 1 << 8).otherwise(0)
+            + F.when(F.col("created") & F.col("useful").isNull(), 1 << 9).otherwise(0))
+    # ts: an advisory.sent's (S) or a demand.created's (T: bit 8 set)
     return rows.groupBy("run_key", "broker_code", code.alias("code"),
-                        F.when(F.col("sent"), F.col("ts")).alias("ts")).count()
+                        F.when(F.col("sent") | F.col("created"), F.col("ts")).alias("ts")
+                        ).count()
+
+
+def consumer_facts(parsed: DataFrame) -> DataFrame:
+    """facts' C sums for the coded demand.created rows: (run_key, consumer_code, ts) -> n
+    (apart from hot_facts: a joint key with the broker would not collapse)."""
+    return (parsed.where(_hot(parsed) & _event_in(("demand.created",)))
+            .groupBy("run_key", "consumer_code", "ts").count())
 
 
 def _code_tables(spark: SparkSession, coded: dict[str, RunCodes], dim_rows: list[dict],
@@ -588,8 +604,10 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
     if coded:
         code_interest, stores = _code_tables(spark, coded, dim_rows, covered, roles)
         hot = hot_facts(every, code_interest, stores).toArrow()
-        step(f"pass 2 by codes ({hot.num_rows:,} rows)")
-        rows = itertools.chain(rows, _hot_rows(hot, coded))
+        by_consumer = consumer_facts(every).toArrow()
+        step(f"pass 2 by codes ({hot.num_rows:,} + {by_consumer.num_rows:,} rows)")
+        rows = itertools.chain(rows, _hot_rows(hot, coded),
+                               _consumer_rows(by_consumer, coded))
     summaries = [r.asDict() for r in job.read_summaries(spark, paths).collect()]
     step("summaries")
     out = _assemble(spark, rows, info, roles, summaries, cached)
@@ -632,8 +650,20 @@ def _hot_rows(table, coded: dict[str, RunCodes]) -> Iterator[tuple]:
     for key, broker, code, ts, n in zip(*cols):
         c = by_key[key]
         yield ("P", c.run, c.brokers[broker], None, None, None, code, n)
-        if ts is not None:
+        if code & (1 << 8):       # demand.created: +n held at the broker at ts
+            yield ("T", c.run, c.brokers[broker], None, None, ts, 0, n)
+        elif ts is not None:
             yield ("S", c.run, None, None, None, ts, 0, n)
+
+
+def _consumer_rows(table, coded: dict[str, RunCodes]) -> Iterator[tuple]:
+    """consumer_facts' rows as facts' C rows."""
+    by_key = {c.key: c for c in coded.values()}
+    cols = [table.column(n).to_pylist() for n in ("run_key", "consumer_code", "ts", "count")]
+    for key, consumer, ts, n in zip(*cols):
+        c = by_key[key]
+        yield ("C", c.run, None, None if consumer is None else c.consumers[consumer], None,
+               ts, 0, n)
 
 
 def _assemble(spark: SparkSession, rows: Iterable[tuple], info: dict, roles: dict,

@@ -74,10 +74,11 @@ EVENT_CODES: tuple[str, ...] = tuple(events.EVENTS)
 #:   ``dst_code``    the run's index of ``dst`` (the destination dictionary); negative
 #:                   (-1, -2, ...) for a wildcard destination (``*`` or ``>`` in it)
 #:   ``run_key``     the run's key (``run_key``), the same on every row
+#:   ``consumer_code`` the run's index of ``consumer`` (the consumer dictionary)
 #: The dictionaries are written at close to ``CODES_FILE``; summary.json lists it.
 CODE_COLUMNS: dict[str, pa.DataType] = {
     "event_code": pa.int32(), "broker_code": pa.int32(), "origin_code": pa.int32(),
-    "dst_code": pa.int32(), "run_key": pa.int64(),
+    "dst_code": pa.int32(), "run_key": pa.int64(), "consumer_code": pa.int32(),
 }
 CODES_FILE = "events.codes.json"
 
@@ -85,7 +86,8 @@ CODES_FILE = "events.codes.json"
 #: of TTL meshes).  Every other row (and such a row without a broker, or with a wildcard
 #: destination) is also copied to REST_FILE, so the job reads the strings of ~10 % of the rows: a Parquet reader
 #: decodes every column it selects for every row, whatever a filter later keeps.
-HOT_EVENTS: tuple[str, ...] = ("advisory.sent", "advisory.received", "advisory.dropped")
+HOT_EVENTS: tuple[str, ...] = ("advisory.sent", "advisory.received", "advisory.dropped",
+                               "demand.created")
 REST_FILE = "events.rest.parquet"
 
 
@@ -110,12 +112,19 @@ class Coder:
         self.key = run_key(run_id)
         self.brokers: dict[str, int] = {}
         self.dsts: dict[str, int] = {}
+        self.consumers: dict[str, int] = {}
         self._wild = 0
 
     def _broker(self, name: str) -> int:
         code = self.brokers.get(name)
         if code is None:
             code = self.brokers[name] = len(self.brokers)
+        return code
+
+    def _consumer(self, name: str) -> int:
+        code = self.consumers.get(name)
+        if code is None:
+            code = self.consumers[name] = len(self.consumers)
         return code
 
     def _dst(self, name: str) -> int:
@@ -152,6 +161,7 @@ class Coder:
             "origin_code": self._mapped(origin, self._broker),
             "dst_code": self._mapped(table.column("dst"), self._dst),
             "run_key": pa.array([self.key] * len(table), pa.int64()),
+            "consumer_code": self._mapped(consumer, self._consumer),
         }
         for name, values in columns.items():
             table = table.append_column(pa.field(name, CODE_COLUMNS[name]),
@@ -175,6 +185,7 @@ class Coder:
         data = {"run_key": self.key, "events": list(EVENT_CODES), "hot": list(HOT_EVENTS),
                 "rest": {"file": REST_FILE, "rows": rest_rows},
                 "brokers": sorted(self.brokers, key=self.brokers.__getitem__),
+                "consumers": sorted(self.consumers, key=self.consumers.__getitem__),
                 "dsts": {name: code for name, code in self.dsts.items()}}
         tmp = folder / (CODES_FILE + ".tmp")
         tmp.write_text(json.dumps(data), encoding="utf-8")
