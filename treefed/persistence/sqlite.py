@@ -461,26 +461,9 @@ class SqliteStore(MessageStore):
             rows = db.execute(_SELECT).fetchall()
         except sqlite3.Error as exc:
             raise _store_error(exc, self.path, "load") from exc
-        out = []
-        for msg_id, dst, redelivered, blob in rows:
-            try:
-                headers, body, persistent, priority, timestamp, expires, reply_to, path = (
-                    cbor2.loads(blob)
-                )
-            except (cbor2.CBORError, ValueError, TypeError) as exc:  # wrong shape: Value/TypeError
-                raise StoreError(
-                    f"message store {self.path}: payload of {msg_id!r} for {dst} is "
-                    f"undecodable: {exc}",
-                    code="store_corrupt",
-                ) from exc
-            out.append(
-                Message(
-                    id=msg_id, dst=dst, headers=headers, body=body, persistent=persistent,
-                    priority=priority, timestamp=timestamp, expires=expires,
-                    reply_to=reply_to, path=tuple(path), redelivered=redelivered,
-                )
-            )
-        return out
+        decode = self._decode
+        return [decode(msg_id, dst, redelivered, blob)
+                for msg_id, dst, redelivered, blob in rows]
 
     def load_bodies(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
         """The bodies of the stored messages ``(id, dst)`` (rows not found are left
