@@ -413,19 +413,8 @@ class Broker:
 
     def send(self, conn: str, frame: Send, now: float) -> list[Action]:
         """A producer's Send. Refusals are Error(ref=frame.id) frames, never exceptions."""
-        cs = self._conns.get(conn) or self._conn(conn)
-        if cs.parked is not None:
-            cs.parked.append(frame)   # keep the producer's order behind the blocked send
-            return []
         out: list[Action] = []
-        try:
-            if not self._admit_send(cs, frame, now, out):
-                cs.parked = deque((frame,))
-                out.append(Pause(conn, cs.blocked_on.name))
-        except TreefedError as exc:
-            out.append(Out(conn, Error(exc.code, exc.message, frame.id)))
-        if self._blocked.room:
-            self._unblock(now, out)
+        self.send_many(conn, [frame], now, out)
         return out
 
     def send_many(self, conn: str, frames: list, now: float, out: list) -> None:

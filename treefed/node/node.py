@@ -245,6 +245,20 @@ _ONLY_SENDS = {Send}
 _BODY = attrgetter("body")
 
 
+def _scope_ids(c: Any, sends: Any) -> None:
+    """Each Send's id becomes its producer's own on its destination: no one can squat it,
+    and the same id elsewhere is another message (wire/ids.py).  ``c``: the client's
+    ``_Conn``; its scope cache holds at most 4,096 destinations."""
+    scopes = c.scopes
+    for frame in sends:
+        scope = scopes.get(frame.dst)
+        if scope is None:
+            if len(scopes) >= 4096:
+                scopes.clear()
+            scope = scopes[frame.dst] = destination_scope(c.producer, frame.dst)
+        frame.id = f"{frame.id}{SCOPE_SEP}{scope}"
+
+
 def _body_bytes(frames: list) -> int:
     """Message body bytes in one received chunk (Send / Forward frames)."""
     kinds = set(map(type, frames))
@@ -1006,14 +1020,7 @@ class BrokerNode:
                 and set(map(type, frames)) == _ONLY_SENDS:
             # a chunk of a producer's sends: each id scoped as below, then one core call
             # for the run (issue #14)
-            scopes = c.scopes
-            for frame in frames:
-                scope = scopes.get(frame.dst)
-                if scope is None:
-                    if len(scopes) >= 4096:
-                        scopes.clear()
-                    scope = scopes[frame.dst] = destination_scope(c.producer, frame.dst)
-                frame.id = f"{frame.id}{SCOPE_SEP}{scope}"
+            _scope_ids(c, frames)
             site.handle_sends(cid, frames, now, actions)
             return
         for frame in frames:
@@ -1046,15 +1053,7 @@ class BrokerNode:
                         # take, an advisory it may not hear): logged, the link stays up
                         continue
                 if kind is Send and c.kind is _CLIENT:
-                    # its id becomes this producer's own on this destination (no one
-                    # can squat it; the same id elsewhere is another message)
-                    scope = c.scopes.get(frame.dst)
-                    if scope is None:
-                        if len(c.scopes) >= 4096:
-                            c.scopes.clear()
-                        scope = c.scopes[frame.dst] = destination_scope(c.producer,
-                                                                        frame.dst)
-                    frame.id = f"{frame.id}{SCOPE_SEP}{scope}"
+                    _scope_ids(c, (frame,))
                 guard = c.guard
                 if guard is not None and not guard.screen(cid, frame, actions):
                     continue
