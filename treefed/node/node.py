@@ -499,6 +499,7 @@ class BrokerNode:
         self._crowded = 0.0         # perf_counter() until which chunks go to the site task
         self._held: dict = {}       # connections holding ForwardAck ids (ACK_HOLD_S)
         self._site_wait: trio.CancelScope | None = None  # the site task's idle wait
+        self._site_due: float | None = None   # the deadline that wait was set for
         self.batches = 0            # site-task batches handled (stat, tests)
         self.commits = 0            # store transactions
         self.store_full = False     # the last commit found the store full: persistent
@@ -758,10 +759,11 @@ class BrokerNode:
         ``INLINE_GAP_S``.  The lock serialises it with the site task's batches."""
         self._batch_lock.acquire_nowait()
         try:
-            # shielded: closing ``c`` cancels its reader's nursery, and a batch must not be
-            # cut half-way (the site task is never cancelled mid-batch either)
-            with trio.CancelScope(shield=True):
-                await self._handle_batch([(c, frames)], None)
+            # Not shielded, yet never cut half-way (closing ``c`` cancels its reader's
+            # nursery): a batch awaits only ``_in_thread``, which cannot be cancelled, so
+            # a cancellation lands at the reader's next read.  A shield scope per batch
+            # was ~6 µs of a lone synchronous send (issue #14).
+            await self._handle_batch([(c, frames)], None)
         except Exception as exc:   # as in _site_loop: log it, keep serving (#12)
             self.log.error("site.batch_failed", error=repr(exc), exc_info=exc,
                            conns=[c.id])
@@ -771,10 +773,14 @@ class BrokerNode:
         waiting = self._site_wait
         if waiting is not None:   # timers: the site task sleeps until the old deadline
             # set to the deadline as it is now: earlier when this batch made a timer, later
-            # when it sent the held acks the site task would have woken for (ACK_HOLD_S)
+            # when it sent the held acks the site task would have woken for (ACK_HOLD_S);
+            # left alone when it did not change (a lone send's batch, most often: the
+            # deadline setter re-sorts trio's timers)
             due = self._next_deadline()
-            waiting.deadline = (math.inf if due is None else
-                                trio.current_time() + max(due - time.time(), 0.0))
+            if due != self._site_due:
+                self._site_due = due
+                waiting.deadline = (math.inf if due is None else
+                                    trio.current_time() + max(due - time.time(), 0.0))
 
     async def _inject(self, c: _Conn, frames: list) -> None:
         """Frames a connection's protocol adapter adds as if the peer had sent them."""
@@ -943,6 +949,7 @@ class BrokerNode:
                     waiting.deadline = trio.current_time() + max(deadline - time.time(),
                                                                  0.0)
                 self._site_wait = waiting
+                self._site_due = deadline   # what ``waiting`` was set for (epoch s)
                 batch.append(await inbox.receive())
             self._site_wait = None
             try:
@@ -1493,7 +1500,9 @@ class BrokerNode:
                         frames.append(frame)
         if not wanted:
             return
-        bodies = await trio.to_thread.run_sync(self.store.load_bodies, list(wanted))
+        # _in_thread, not trio.to_thread: no cancellation point inside a batch (see
+        # ``_inline_batch``)
+        bodies = await _in_thread(self.store.load_bodies, list(wanted))
         missing = [k for k in wanted if k not in bodies]
         if missing:
             self.log.error("store.body_missing", messages=len(missing), first=missing[0])
@@ -1509,7 +1518,7 @@ class BrokerNode:
         cursor (core/broker.py).  A failed read leaves the backlog in the store; the core
         asks again when its page next runs low."""
         try:
-            msgs, cursor, exhausted = await trio.to_thread.run_sync(
+            msgs, cursor, exhausted = await _in_thread(   # uncancellable: as _page_in
                 self.store.load_page, a.dst, a.after, a.n, a.exclude, a.first)
         except StoreError as exc:
             self.log.error("store.page_failed", dst=a.dst, error=exc.message)
