@@ -41,7 +41,11 @@ gap and go to the site task, which groups them into one commit — and from then
 ``CROWDED_S`` (renewed while chunks keep arriving together or finding the site task busy),
 every chunk goes to the site task, so concurrent senders keep the group commit they had.
 The inline batch brings the site task's timer wait forward when it made an earlier
-deadline.
+deadline (and leaves it alone when the deadline did not change).  It enters no cancel
+scope of its own: every await inside a batch is ``_in_thread``, which cannot be
+cancelled, so closing the connection (which cancels its reader) cannot cut a batch
+half-way — the cancellation lands at the reader's next read (issue #14, session 7: a
+shield scope and a timer write per lone send were ~70 of its ~300 Python calls).
 
 Invariants:
 
