@@ -62,7 +62,7 @@ async def test_a_lone_send_costs_the_reader_no_scope_and_no_timer_write(nursery,
             await producer.send("queue://lone", f"m{i}".encode(), persistent=True)
             await trio.sleep(0.001)   # lone: the last batch ended long ago
         monkeypatch.undo()
-    assert len(calls) >= N * 0.8, calls   # the sends were inline batches
+    assert len(calls) >= N // 2, calls   # the sends were inline batches
     # before: one shield scope and one write of the site task's (infinite) deadline each
     assert counts == {"scopes": 0, "deadlines": 0}, counts
 
@@ -93,9 +93,15 @@ async def test_a_reader_cancelled_mid_commit_completes_its_batch(nursery, tmp_pa
             store.gate.clear()
             store.entered.clear()
             batches = node.batches
+
+            async def send_m1() -> None:
+                try:   # its connection is being cut: a receipt or an error, either is fine
+                    await producer.send("queue://cut", b"m1", persistent=True)
+                except Exception:
+                    pass
+
             async with trio.open_nursery() as inner:
-                inner.start_soon(lambda: producer.send("queue://cut", b"m1",
-                                                       persistent=True))
+                inner.start_soon(send_m1)
                 await trio.to_thread.run_sync(store.entered.wait, 10)
                 conn = next(c for c in node._conns.values() if c.kind == "client")
                 conn.scope.cancel()       # as the heartbeat task does to a dead peer
