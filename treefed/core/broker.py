@@ -1253,12 +1253,11 @@ class Broker:
                 forwarded.pop(m.id, None)
                 settle(m, out)
         elif not c.topic and self._dups.window > 0:
-            consume = self._dups.consume
+            # only these can come again: a producer re-sends unconfirmed persistent
+            # sends, a peer re-forwards what it saw no ForwardAck for; the run's ids
+            # join the consumed window in one call (issue #14)
+            self._dups.consume_many([m.id for m in msgs if m.persistent or m.path])
             for m in msgs:
-                if m.persistent or m.path:
-                    # only these can come again: a producer re-sends unconfirmed
-                    # persistent sends, a peer re-forwards what it saw no ForwardAck for
-                    consume(m.id)
                 settle(m, out, True)   # DeleteMessage(consumed=True): stored with it
         else:
             for m in msgs:
