@@ -50,7 +50,8 @@ from typing import Any
 import cbor2
 
 from treefed.errors import FrameError, LocalError
-from treefed.wire.frames import BY_CODE, CODES, LIMITS, MAX_NAME, SPECS, Deliver, Frame, Hello
+from treefed.wire.frames import (BY_CODE, CODES, LIMITS, MAX_NAME, SPECS, Deliver, Forward,
+                                 Frame, Hello)
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
@@ -238,6 +239,85 @@ def _deliver_cbor(f: Deliver) -> bytes | None:
     ))
 
 
+#: ``_forward_cbor``: the field types it builds by hand (all but reply_to, in order)
+_FORWARD_TYPES = (str, str, list, dict, bytes, bool, int, float, float, int)
+#: ``_forward_cbor``: a path's CBOR array (text items only), by path
+_PATH_MEMO: dict[tuple, bytes] = {}
+
+
+def _path_item(path: list) -> bytes | None:
+    """``path`` as a CBOR array of text, remembered in ``_PATH_MEMO`` (a chain's paths
+    are few); None if an item is not exactly a str or the array is not short."""
+    key = tuple(path)
+    if len(key) >= 24 or not _ONLY_STR.issuperset(map(type, key)):
+        return None
+    item = bytes((0x80 | len(key),)) + b"".join(_TEXT_MEMO.get(p) or _text_item(p)
+                                                 for p in key)
+    if len(_PATH_MEMO) >= _TEXT_MEMO_MAX:
+        _PATH_MEMO.clear()
+    _PATH_MEMO[key] = item
+    return item
+
+
+def _forward_cbor(f: Forward) -> bytes | None:
+    """A Forward's CBOR, built by hand as ``_deliver_cbor`` builds a Deliver's: every
+    broker of a chain but the last writes one per message, and cbor2 calls its output's
+    ``write`` once per item (issue #14).  Covers the usual shape (exact types, a short
+    text path, a timestamp -- so no field before it is cut -- priority and redelivery
+    count below 24, finite times) and returns None otherwise; the generic path then
+    encodes the frame (or refuses it) as before.  The bytes are identical to the generic
+    path's (tests/wire/test_forward_cbor.py)."""
+    dst, msg, path, headers, body = f.dst, f.id, f.path, f.headers, f.body
+    priority, redelivered, reply_to, ts, exp = (f.priority, f.redelivered, f.reply_to,
+                                                f.timestamp, f.expires)
+    if ((type(dst), type(msg), type(path), type(headers), type(body), type(f.persistent),
+         type(priority), type(exp), type(ts), type(redelivered)) != _FORWARD_TYPES
+            or not (0 <= priority < 24 and 0 <= redelivered < 24)
+            or not (ts and -_INF < ts < _INF and -_INF < exp < _INF)):
+        return None
+    try:
+        path_b = _PATH_MEMO.get(tuple(path)) or _path_item(path)
+    except TypeError:   # an unhashable path item: not a text path
+        return None
+    if path_b is None:
+        return None
+    if reply_to is None:
+        reply = b"\xf6"
+    elif type(reply_to) is str:
+        b = reply_to.encode()
+        reply = (_TEXT[len(b)] if len(b) < 256 else _head(0x60, len(b))) + b
+    else:
+        return None
+    if headers:
+        try:
+            head_b = _dumps(headers)
+        except (cbor2.CBOREncodeError, TypeError, ValueError):
+            return None   # the generic path refuses it, naming the frame
+    else:
+        head_b = b"\xa0"
+    msg_b = msg.encode()
+    m = len(msg_b)
+    k = len(body)
+    return b"".join((
+        b"\x8c\x15" if redelivered else b"\x8b\x15",   # code + 11 fields, or 10
+        _TEXT_MEMO.get(dst) or _text_item(dst),
+        _TEXT[m] if m < 256 else _head(0x60, m), msg_b,
+        path_b,
+        head_b,
+        _BYTES[k] if k < 256 else _head(0x40, k), body,
+        b"\xf5" if f.persistent else b"\xf4",
+        _UINT[priority],
+        b"\xfb", _pack_double(exp),
+        reply,
+        b"\xfb", _pack_double(ts),
+        _UINT[redelivered] if redelivered else b"",
+    ))
+
+
+#: the frame types built by hand when their shape allows (else None: the generic path)
+_HAND_BUILT = {Deliver: _deliver_cbor, Forward: _forward_cbor}
+
+
 def _unencodable(frame: Frame, exc: Exception) -> LocalError:
     return LocalError(f"cannot encode {type(frame).__name__}: {exc}", code="unencodable")
 
@@ -245,7 +325,8 @@ def _unencodable(frame: Frame, exc: Exception) -> LocalError:
 def encode(frame: Frame) -> bytes:
     """One frame as length-prefixed CBOR. Raises LocalError for a non-frame or a value
     cbor2 cannot encode (our own misuse, never the peer's)."""
-    body = _deliver_cbor(frame) if type(frame) is Deliver else None
+    build = _HAND_BUILT.get(type(frame))
+    body = None if build is None else build(frame)
     if body is None:
         item = _item(frame)
         try:
@@ -261,15 +342,17 @@ def encode_many(frames: Iterable[Frame]) -> bytes:
     One encoder writes the whole batch into one buffer: a generic frame gets a 4-byte
     placeholder, then its CBOR, and its length is patched in at the end.  That spares a
     ``dumps`` (a fresh encoder and buffer) and a join part per frame.  A hand-built
-    Deliver is written with its length at once."""
+    Deliver or Forward is written with its length at once."""
     out = BytesIO()
     write = out.write
     tell = out.tell
     encode_item = cbor2.CBOREncoder(out).encode
     patches = []   # (offset, length) of the generic frames' length prefixes
+    hand_built = _HAND_BUILT.get
     pos = 0
     for frame in frames:
-        body = _deliver_cbor(frame) if type(frame) is Deliver else None
+        build = hand_built(type(frame))
+        body = None if build is None else build(frame)
         if body is not None:
             n = len(body)
             write(_pack_len(n))
