@@ -47,7 +47,8 @@ forwards = st.builds(
     dst=st.text(min_size=1, max_size=40), id=st.text(max_size=300),
     path=st.lists(st.one_of(names, st.text(max_size=300)), min_size=0, max_size=30),
     headers=st.dictionaries(st.text(max_size=5), st.one_of(
-        st.none(), st.integers(-(2**63), 2**64 - 1), st.text(max_size=5), st.floats(),
+        st.none(), st.integers(-(2**63), 2**64 - 1), st.text(max_size=5),
+        st.floats(allow_nan=False),   # NaN != NaN: the round trip could not compare
         st.booleans()), max_size=3),
     body=st.binary(max_size=300),
     persistent=st.booleans(), priority=st.integers(0, 9),
