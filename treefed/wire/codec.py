@@ -42,7 +42,8 @@ from __future__ import annotations
 import struct
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
-from io import BytesIO
+from functools import partial
+from io import SEEK_CUR, BytesIO
 from itertools import product
 from operator import attrgetter
 from typing import Any
@@ -571,21 +572,15 @@ def _check_limits(name: str, limits: tuple, values: Any, offset: int) -> None:
                              code="bad_field")
 
 
-def _limits_checker(cls: type) -> tuple:
-    """Straight-line functions ``item -> bool``, one per item length ``n`` (the tuple's
-    index; ``n`` = 1 + the fields present): True when a type-valid CBOR item
-    ``[code, *fields]`` of that length has plainly valid containers (a list of text, a
-    map of text to header values: tested in C as sets of item types; any other map: not
-    vouched for) and every limited field within its limits.  Generated once per frame
-    type: one boolean expression per length spares a length test, a local and a call
-    per field (this is the per-message path, issue #14).  On False the caller checks
-    field by field, which names the problem (or finds none)."""
+def _field_checks(cls: type, ref: str) -> list[tuple[int, str]]:
+    """``(item index j, expression)`` per field of ``cls`` whose containers or limits need
+    a test (see ``_limits_checker``); ``ref.format(j)`` names field ``j`` of the item."""
     specs = SPECS[cls]
     limited = {i: (low, high, text) for i, _, low, high, text in _limits(cls)}
     checks = []
     for i, spec in enumerate(specs):
         j = i + 1
-        x = f"v[{j}]"
+        x = ref.format(j)
         if spec.kind in _DEEP_KINDS:
             if spec.kind == "strlist":
                 inner = [f"_str_only(map(type, {x}))"]
@@ -608,6 +603,20 @@ def _limits_checker(cls: type) -> tuple:
                 checks.append((j, f"({x} is None or len({x}) <= {high})"))
             else:
                 checks.append((j, f"len({x}) <= {high}"))
+    return checks
+
+
+def _limits_checker(cls: type) -> tuple:
+    """Straight-line functions ``item -> bool``, one per item length ``n`` (the tuple's
+    index; ``n`` = 1 + the fields present): True when a type-valid CBOR item
+    ``[code, *fields]`` of that length has plainly valid containers (a list of text, a
+    map of text to header values: tested in C as sets of item types; any other map: not
+    vouched for) and every limited field within its limits.  Generated once per frame
+    type: one boolean expression per length spares a length test, a local and a call
+    per field (this is the per-message path, issue #14).  On False the caller checks
+    field by field, which names the problem (or finds none)."""
+    specs = SPECS[cls]
+    checks = _field_checks(cls, "v[{}]")
     lines = []
     for n in range(len(specs) + 2):
         tests = [test for j, test in checks if j < n]
@@ -617,6 +626,61 @@ def _limits_checker(cls: type) -> tuple:
                        "_header_values": _HEADER_TYPES.issuperset}
     exec("\n".join(lines), namespace)   # noqa: S102 - generated from SPECS and LIMITS
     return tuple(namespace[f"check{n}"] for n in range(len(specs) + 2))
+
+
+def _fast_builders(cls: type) -> tuple:
+    """Per item length ``n`` (the tuple's index), a generated ``item -> frame or None``:
+    the frame when the item's type signature is valid (``_signatures``) and its
+    containers and limits pass (``_limits_checker``), built from the unpacked fields;
+    None otherwise, and the caller takes the usual path (which then names the problem).
+    One function per length tests each field's type by identity and its limits in one
+    expression: no signature tuple to build and hash, no checker call, no slice of the
+    item per frame (issue #14: every broker and client decodes every message once).
+    None in the tuple: no valid item has that length."""
+    specs = SPECS[cls]
+    checks = _field_checks(cls, "f{}")
+    n_required = sum(1 for s in specs if s.required)
+    namespace: dict = {"_str_only": _ONLY_STR.issuperset,
+                       "_header_values": _HEADER_TYPES.issuperset, "_cls": cls,
+                       "_code": CODES[cls]}
+    lines = []
+    lengths = []
+    for n in range(len(specs) + 2):
+        k = n - 1   # fields present
+        if not n_required <= k <= len(specs):
+            continue
+        lengths.append(n)
+        names = [f"f{j}" for j in range(1, n)]
+        # the code: the int itself (codes are small ints, one object each in CPython;
+        # True or 21.0 find a code's builders too, and fail here -- as would an int that
+        # is not that object, which then merely takes the usual path)
+        tests = ["_c is _code"]
+        limits = dict(checks)
+        for j, spec in enumerate(specs[:k], 1):
+            allowed = ((_CONTAINER[spec.kind],) if spec.kind in _DEEP_KINDS
+                       else tuple(_FAST_TYPES[spec.kind]))
+            plain = [t for t in allowed if t is not type(None)]
+            for t in plain:
+                namespace[f"_t_{t.__name__}"] = t
+            test = " or ".join(f"type(f{j}) is _t_{t.__name__}" for t in plain)
+            if len(plain) < len(allowed):   # optional: None, or the type (and its limit)
+                none_or = f"(f{j} is None or "
+                limit = limits.get(j, "")
+                if limit.startswith(none_or):
+                    del limits[j]
+                    test = f"f{j} is None or {test} and {limit[len(none_or):-1]}"
+                else:
+                    test = f"f{j} is None or {test}"
+            tests.append(f"({test})" if " or " in test else test)
+        tests += [test for j, test in limits.items() if j < n]
+        lines.append(f"def fast{n}(v):")
+        lines.append(f"    _c, {', '.join(names)}{'' if names else ''} = v")
+        lines.append(f"    if {' and '.join(tests)}:")
+        lines.append(f"        return _cls({', '.join(names)})")
+        lines.append("    return None")
+    exec("\n".join(lines), namespace)   # noqa: S102 - generated from SPECS and LIMITS
+    return tuple(namespace[f"fast{n}"] if n in lengths else None
+                 for n in range(len(specs) + 2))
 
 
 #: code -> (class, class name, ((field name, fast types, check), ...), required count,
@@ -637,12 +701,22 @@ _DECODERS: dict[int, tuple[type, str, tuple[tuple[str, frozenset, Any], ...], in
     )
     for code, cls in BY_CODE.items()
 }
+#: code -> the generated builders of ``_fast_builders`` by item length (None: invalid).
+#: A float or bool equal to a code finds that code's builders too (``_FAST[21.0]``): each
+#: builder tests that its item's code is that int.
+_FAST: dict[int, tuple] = {code: _fast_builders(cls) for code, cls in BY_CODE.items()}
 
 
 def _build(item: Any) -> Frame:
     """A decoded CBOR item -> a validated frame, or FrameError naming the problem."""
     if type(item) is not list:
         raise FrameError(f"frame must be a CBOR array, got {_tname(item)}", code="not_array")
+    try:   # the usual frame: its code's builder for its length (``_fast_builders``)
+        frame = _FAST[item[0]][len(item)](item)
+    except (KeyError, IndexError, TypeError):   # no such code or length; an empty item
+        frame = None
+    if frame is not None:
+        return frame
     if not item:
         raise FrameError("frame array is empty: no type code", code="unknown_type")
     code = item[0]
@@ -824,17 +898,21 @@ class FrameDecoder:
                 stream = BytesIO(region)  # one copy for the whole batch
                 region.release()
             decode = cbor2.CBORDecoder(stream, **_DECODER_OPTIONS).decode
-            seek, tell = stream.seek, stream.tell
+            tell = stream.tell
+            # each frame's body starts 4 bytes (its length) after the previous frame's end,
+            # where the decoder stopped (checked below): one relative seek, no offset kept
+            skip_length = partial(stream.seek, 4, SEEK_CUR)
             append = self._ready.append
-            body = 4
             for frame_end in ends:
-                seek(body)
+                skip_length()
                 try:
                     item = decode()
                 except Exception as exc:  # the one edge where cbor2's errors are translated
                     self._fail(f"undecodable CBOR: {exc}", "bad_cbor")
                     return
                 if tell() != frame_end:
+                    i = ends.index(frame_end)
+                    body = (ends[i - 1] if i else 0) + 4
                     self._fail(f"CBOR item is {tell() - body} bytes but the frame length "
                                f"is {frame_end - body}", "bad_cbor")
                     return
@@ -843,7 +921,6 @@ class FrameDecoder:
                 except FrameError as exc:
                     self._fail(exc.message, exc.code)
                     return
-                body = frame_end + 4
             self._off = pos
         if problem is not None:
             self._fail(*problem)
