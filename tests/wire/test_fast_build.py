@@ -22,7 +22,7 @@ from treefed.wire.frames import BY_CODE, SPECS, Ack, Deliver, Forward, Send
 _POOL = [
     "", "q", "queue://Q", "x" * 5000, None, 0, 4, 9, -1, 10, 2**40, True, False,
     0.0, 1.5, -2.0, 1e12, float("inf"), float("nan"), b"", b"body", [], ["a", "b"],
-    ["a", 1], ["y" * 5000], ["p"] * 300, {}, {"k": "v", "n": 1, "f": 2.5, "b": True},
+    ["a", 1], ["y" * 5000], ["p"] * 300, ["a" * 3000, "b" * 3000], ["c" * 4096], {}, {"k": "v", "n": 1, "f": 2.5, "b": True},
     {"k": None}, {1: "v"}, {"k": [1]}, {"k": b"x"}, ("t",),
 ]
 
@@ -110,6 +110,35 @@ def test_decoding_the_chains_frames_builds_no_signature_tuple(monkeypatch):
     decoder.receive_data(data)
     assert decoder.take() == frames
     assert calls == []
+
+
+def test_a_broker_path_is_measured_without_max(monkeypatch):
+    """A path's items are each within MAX_NAME when all of them together are: one join
+    instead of ``max(map(len, path))`` per Forward (before: one ``max`` per Forward);
+    a path whose items are long together but not each is still valid."""
+    import builtins
+
+    frames = [Forward("queue://Q", f"p:{i}", ["hq", "region"], {}, b"x", False, 4, 0.0, None,
+                      1.7e9) for i in range(100)]
+    long_path = Forward("queue://Q", "p:x", ["a" * 3000, "b" * 3000], {}, b"x",
+                        timestamp=1.7e9)
+    data = encode_many(frames)
+    calls = []
+    real_max = builtins.max
+
+    def counting_max(*args, **kwargs):
+        calls.append(1)
+        return real_max(*args, **kwargs)
+
+    decoder = FrameDecoder()
+    decoder.receive_data(data)
+    monkeypatch.setattr(builtins, "max", counting_max)
+    got = decoder.take()
+    monkeypatch.undo()
+    assert got == frames
+    assert calls == []
+    decoder.receive_data(encode_many([long_path]))
+    assert decoder.take() == [long_path]
 
 
 def test_a_length_mismatch_names_the_frame_it_is_in():

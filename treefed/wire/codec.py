@@ -586,7 +586,11 @@ def _field_checks(cls: type, ref: str) -> list[tuple[int, str]]:
                 inner = [f"_str_only(map(type, {x}))"]
                 if i in limited:
                     inner.append(f"len({x}) <= {limited[i][1]}")
-                    inner.append(f"max(map(len, {x})) <= {MAX_NAME}")
+                    # no item longer than MAX_NAME: all of them together are not (a join
+                    # is ~4x cheaper than max(map(len, …)) for a broker path), or else
+                    # the longest is not
+                    inner.append(f"(len(_join({x})) <= {MAX_NAME} "
+                                 f"or max(map(len, {x})) <= {MAX_NAME})")
             elif spec.kind == "headers":
                 inner = [f"_str_only(map(type, {x}))",
                          f"_header_values(map(type, {x}.values()))"]
@@ -623,7 +627,7 @@ def _limits_checker(cls: type) -> tuple:
         lines.append(f"def check{n}(v):")
         lines.append(f"    return {' and '.join(tests) if tests else 'True'}")
     namespace: dict = {"_str_only": _ONLY_STR.issuperset,
-                       "_header_values": _HEADER_TYPES.issuperset}
+                       "_header_values": _HEADER_TYPES.issuperset, "_join": "".join}
     exec("\n".join(lines), namespace)   # noqa: S102 - generated from SPECS and LIMITS
     return tuple(namespace[f"check{n}"] for n in range(len(specs) + 2))
 
@@ -641,8 +645,8 @@ def _fast_builders(cls: type) -> tuple:
     checks = _field_checks(cls, "f{}")
     n_required = sum(1 for s in specs if s.required)
     namespace: dict = {"_str_only": _ONLY_STR.issuperset,
-                       "_header_values": _HEADER_TYPES.issuperset, "_cls": cls,
-                       "_code": CODES[cls]}
+                       "_header_values": _HEADER_TYPES.issuperset, "_join": "".join,
+                       "_cls": cls, "_code": CODES[cls]}
     lines = []
     lengths = []
     for n in range(len(specs) + 2):
