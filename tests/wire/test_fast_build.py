@@ -22,7 +22,8 @@ from treefed.wire.frames import BY_CODE, SPECS, Ack, Deliver, Forward, Send
 _POOL = [
     "", "q", "queue://Q", "x" * 5000, None, 0, 4, 9, -1, 10, 2**40, True, False,
     0.0, 1.5, -2.0, 1e12, float("inf"), float("nan"), b"", b"body", [], ["a", "b"],
-    ["a", 1], ["y" * 5000], ["p"] * 300, ["a" * 3000, "b" * 3000], ["c" * 4096], {}, {"k": "v", "n": 1, "f": 2.5, "b": True},
+    ["a", 1], ["y" * 5000], ["p"] * 300, ["a" * 3000, "b" * 3000], ["c" * 4096],
+    {}, {"k": "v", "n": 1, "f": 2.5, "b": True},
     {"k": None}, {1: "v"}, {"k": [1]}, {"k": b"x"}, ("t",),
 ]
 
