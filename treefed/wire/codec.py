@@ -52,7 +52,7 @@ import cbor2
 
 from treefed.errors import FrameError, LocalError
 from treefed.wire.frames import (BY_CODE, CODES, LIMITS, MAX_NAME, SPECS, Deliver, Forward,
-                                 Frame, Hello)
+                                 Frame, Hello, Send)
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
@@ -315,8 +315,60 @@ def _forward_cbor(f: Forward) -> bytes | None:
     ))
 
 
+#: ``_send_cbor``: the field types it builds by hand (all but reply_to, in order)
+_SEND_TYPES = (str, str, dict, bytes, bool, int, int, bool)
+#: ``_send_cbor``: an array head and Send's code, by the number of fields present
+_SEND_HEADS = tuple(bytes((0x80 | (n + 1), CODES[Send])) for n in range(10))
+
+
+def _send_cbor(f: Send) -> bytes | None:
+    """A Send's CBOR, built by hand as a Deliver's and a Forward's are: a producer
+    writes one per message (issue #14: the chain bench's driver shares the 2 cores
+    with the brokers).  Trailing fields equal to their defaults are cut as the generic
+    encoder cuts them; exact types, priority below 24 and ttl below 2**32 only -- else
+    None and the generic path encodes (or refuses) the frame as before.  The bytes are
+    identical to the generic path's (tests/wire/test_forward_cbor.py)."""
+    dst, msg, headers, body, persistent = f.dst, f.id, f.headers, f.body, f.persistent
+    priority, ttl, reply_to, receipt = f.priority, f.ttl, f.reply_to, f.receipt
+    if ((type(dst), type(msg), type(headers), type(body), type(persistent), type(priority),
+         type(ttl), type(receipt)) != _SEND_TYPES
+            or not (0 <= priority < 24 and 0 <= ttl < 0x100000000)):
+        return None
+    if reply_to is None:
+        reply = b"\xf6"
+    elif type(reply_to) is str:
+        b = reply_to.encode()
+        reply = (_TEXT[len(b)] if len(b) < 256 else _head(0x60, len(b))) + b
+    else:
+        return None
+    # the fields present: up to the last one that is not its default
+    n = (9 if receipt else 8 if reply_to is not None else 7 if ttl else
+         6 if priority != 4 else 5 if persistent else 4 if body else 3 if headers else 2)
+    if headers:
+        try:
+            head_b = _dumps(headers)
+        except (cbor2.CBOREncodeError, TypeError, ValueError):
+            return None   # the generic path refuses it, naming the frame
+    else:
+        head_b = b"\xa0"
+    msg_b = msg.encode()
+    m = len(msg_b)
+    k = len(body)
+    return _SEND_HEADS[n] + b"".join((
+        _TEXT_MEMO.get(dst) or _text_item(dst),
+        (_TEXT[m] if m < 256 else _head(0x60, m)) + msg_b,
+        head_b,
+        (_BYTES[k] if k < 256 else _head(0x40, k)) + body,
+        b"\xf5" if persistent else b"\xf4",
+        _UINT[priority],
+        _UINT[ttl] if ttl < 24 else _head(0, ttl),
+        reply,
+        b"\xf5" if receipt else b"\xf4",
+    )[:n])
+
+
 #: the frame types built by hand when their shape allows (else None: the generic path)
-_HAND_BUILT = {Deliver: _deliver_cbor, Forward: _forward_cbor}
+_HAND_BUILT = {Deliver: _deliver_cbor, Forward: _forward_cbor, Send: _send_cbor}
 
 
 def _unencodable(frame: Frame, exc: Exception) -> LocalError:
