@@ -106,6 +106,10 @@ class Duplicates:
         """A local consumer acked ``msg_id`` (only called with a window > 0)."""
         self.consumed.add(msg_id)
 
+    def consume_many(self, ids: list[str]) -> None:
+        """``consume`` of each id in turn (a run of messages one Ack settled)."""
+        self.consumed.add_many(ids)
+
     def restore(self, consumed: Iterable[str]) -> None:
         """Ids local consumers acked before a restart, oldest first (the store's
         ``load_consumed``): the newest ``window`` of them are remembered."""

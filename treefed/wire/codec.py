@@ -42,7 +42,8 @@ from __future__ import annotations
 import struct
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
-from io import BytesIO
+from functools import partial
+from io import SEEK_CUR, BytesIO
 from itertools import product
 from operator import attrgetter
 from typing import Any
@@ -50,7 +51,8 @@ from typing import Any
 import cbor2
 
 from treefed.errors import FrameError, LocalError
-from treefed.wire.frames import BY_CODE, CODES, LIMITS, MAX_NAME, SPECS, Deliver, Frame, Hello
+from treefed.wire.frames import (BY_CODE, CODES, LIMITS, MAX_NAME, SPECS, Deliver, Forward,
+                                 Frame, Hello, Send)
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
@@ -238,6 +240,137 @@ def _deliver_cbor(f: Deliver) -> bytes | None:
     ))
 
 
+#: ``_forward_cbor``: the field types it builds by hand (all but reply_to, in order)
+_FORWARD_TYPES = (str, str, list, dict, bytes, bool, int, float, float, int)
+#: ``_forward_cbor``: a path's CBOR array (text items only), by path
+_PATH_MEMO: dict[tuple, bytes] = {}
+
+
+def _path_item(path: list) -> bytes | None:
+    """``path`` as a CBOR array of text, remembered in ``_PATH_MEMO`` (a chain's paths
+    are few); None if an item is not exactly a str or the array is not short."""
+    key = tuple(path)
+    if len(key) >= 24 or not _ONLY_STR.issuperset(map(type, key)):
+        return None
+    item = bytes((0x80 | len(key),)) + b"".join(_TEXT_MEMO.get(p) or _text_item(p)
+                                                 for p in key)
+    if len(_PATH_MEMO) >= _TEXT_MEMO_MAX:
+        _PATH_MEMO.clear()
+    _PATH_MEMO[key] = item
+    return item
+
+
+def _forward_cbor(f: Forward) -> bytes | None:
+    """A Forward's CBOR, built by hand as ``_deliver_cbor`` builds a Deliver's: every
+    broker of a chain but the last writes one per message, and cbor2 calls its output's
+    ``write`` once per item (issue #14).  Covers the usual shape (exact types, a short
+    text path, a timestamp -- so no field before it is cut -- priority and redelivery
+    count below 24, finite times) and returns None otherwise; the generic path then
+    encodes the frame (or refuses it) as before.  The bytes are identical to the generic
+    path's (tests/wire/test_forward_cbor.py)."""
+    dst, msg, path, headers, body = f.dst, f.id, f.path, f.headers, f.body
+    priority, redelivered, reply_to, ts, exp = (f.priority, f.redelivered, f.reply_to,
+                                                f.timestamp, f.expires)
+    if ((type(dst), type(msg), type(path), type(headers), type(body), type(f.persistent),
+         type(priority), type(exp), type(ts), type(redelivered)) != _FORWARD_TYPES
+            or not (0 <= priority < 24 and 0 <= redelivered < 24)
+            or not (ts and -_INF < ts < _INF and -_INF < exp < _INF)):
+        return None
+    try:
+        path_b = _PATH_MEMO.get(tuple(path)) or _path_item(path)
+    except TypeError:   # an unhashable path item: not a text path
+        return None
+    if path_b is None:
+        return None
+    if reply_to is None:
+        reply = b"\xf6"
+    elif type(reply_to) is str:
+        b = reply_to.encode()
+        reply = (_TEXT[len(b)] if len(b) < 256 else _head(0x60, len(b))) + b
+    else:
+        return None
+    if headers:
+        try:
+            head_b = _dumps(headers)
+        except (cbor2.CBOREncodeError, TypeError, ValueError):
+            return None   # the generic path refuses it, naming the frame
+    else:
+        head_b = b"\xa0"
+    msg_b = msg.encode()
+    m = len(msg_b)
+    k = len(body)
+    return b"".join((
+        b"\x8c\x15" if redelivered else b"\x8b\x15",   # code + 11 fields, or 10
+        _TEXT_MEMO.get(dst) or _text_item(dst),
+        _TEXT[m] if m < 256 else _head(0x60, m), msg_b,
+        path_b,
+        head_b,
+        _BYTES[k] if k < 256 else _head(0x40, k), body,
+        b"\xf5" if f.persistent else b"\xf4",
+        _UINT[priority],
+        b"\xfb", _pack_double(exp),
+        reply,
+        b"\xfb", _pack_double(ts),
+        _UINT[redelivered] if redelivered else b"",
+    ))
+
+
+#: ``_send_cbor``: the field types it builds by hand (all but reply_to, in order)
+_SEND_TYPES = (str, str, dict, bytes, bool, int, int, bool)
+#: ``_send_cbor``: an array head and Send's code, by the number of fields present
+_SEND_HEADS = tuple(bytes((0x80 | (n + 1), CODES[Send])) for n in range(10))
+
+
+def _send_cbor(f: Send) -> bytes | None:
+    """A Send's CBOR, built by hand as a Deliver's and a Forward's are: a producer
+    writes one per message (issue #14: the chain bench's driver shares the 2 cores
+    with the brokers).  Trailing fields equal to their defaults are cut as the generic
+    encoder cuts them; exact types, priority below 24 and ttl below 2**32 only -- else
+    None and the generic path encodes (or refuses) the frame as before.  The bytes are
+    identical to the generic path's (tests/wire/test_forward_cbor.py)."""
+    dst, msg, headers, body, persistent = f.dst, f.id, f.headers, f.body, f.persistent
+    priority, ttl, reply_to, receipt = f.priority, f.ttl, f.reply_to, f.receipt
+    if ((type(dst), type(msg), type(headers), type(body), type(persistent), type(priority),
+         type(ttl), type(receipt)) != _SEND_TYPES
+            or not (0 <= priority < 24 and 0 <= ttl < 0x100000000)):
+        return None
+    if reply_to is None:
+        reply = b"\xf6"
+    elif type(reply_to) is str:
+        b = reply_to.encode()
+        reply = (_TEXT[len(b)] if len(b) < 256 else _head(0x60, len(b))) + b
+    else:
+        return None
+    # the fields present: up to the last one that is not its default
+    n = (9 if receipt else 8 if reply_to is not None else 7 if ttl else
+         6 if priority != 4 else 5 if persistent else 4 if body else 3 if headers else 2)
+    if headers:
+        try:
+            head_b = _dumps(headers)
+        except (cbor2.CBOREncodeError, TypeError, ValueError):
+            return None   # the generic path refuses it, naming the frame
+    else:
+        head_b = b"\xa0"
+    msg_b = msg.encode()
+    m = len(msg_b)
+    k = len(body)
+    return _SEND_HEADS[n] + b"".join((
+        _TEXT_MEMO.get(dst) or _text_item(dst),
+        (_TEXT[m] if m < 256 else _head(0x60, m)) + msg_b,
+        head_b,
+        (_BYTES[k] if k < 256 else _head(0x40, k)) + body,
+        b"\xf5" if persistent else b"\xf4",
+        _UINT[priority],
+        _UINT[ttl] if ttl < 24 else _head(0, ttl),
+        reply,
+        b"\xf5" if receipt else b"\xf4",
+    )[:n])
+
+
+#: the frame types built by hand when their shape allows (else None: the generic path)
+_HAND_BUILT = {Deliver: _deliver_cbor, Forward: _forward_cbor, Send: _send_cbor}
+
+
 def _unencodable(frame: Frame, exc: Exception) -> LocalError:
     return LocalError(f"cannot encode {type(frame).__name__}: {exc}", code="unencodable")
 
@@ -245,7 +378,8 @@ def _unencodable(frame: Frame, exc: Exception) -> LocalError:
 def encode(frame: Frame) -> bytes:
     """One frame as length-prefixed CBOR. Raises LocalError for a non-frame or a value
     cbor2 cannot encode (our own misuse, never the peer's)."""
-    body = _deliver_cbor(frame) if type(frame) is Deliver else None
+    build = _HAND_BUILT.get(type(frame))
+    body = None if build is None else build(frame)
     if body is None:
         item = _item(frame)
         try:
@@ -261,15 +395,17 @@ def encode_many(frames: Iterable[Frame]) -> bytes:
     One encoder writes the whole batch into one buffer: a generic frame gets a 4-byte
     placeholder, then its CBOR, and its length is patched in at the end.  That spares a
     ``dumps`` (a fresh encoder and buffer) and a join part per frame.  A hand-built
-    Deliver is written with its length at once."""
+    Deliver or Forward is written with its length at once."""
     out = BytesIO()
     write = out.write
     tell = out.tell
     encode_item = cbor2.CBOREncoder(out).encode
     patches = []   # (offset, length) of the generic frames' length prefixes
+    hand_built = _HAND_BUILT.get
     pos = 0
     for frame in frames:
-        body = _deliver_cbor(frame) if type(frame) is Deliver else None
+        build = hand_built(type(frame))
+        body = None if build is None else build(frame)
         if body is not None:
             n = len(body)
             write(_pack_len(n))
@@ -488,27 +624,25 @@ def _check_limits(name: str, limits: tuple, values: Any, offset: int) -> None:
                              code="bad_field")
 
 
-def _limits_checker(cls: type) -> tuple:
-    """Straight-line functions ``item -> bool``, one per item length ``n`` (the tuple's
-    index; ``n`` = 1 + the fields present): True when a type-valid CBOR item
-    ``[code, *fields]`` of that length has plainly valid containers (a list of text, a
-    map of text to header values: tested in C as sets of item types; any other map: not
-    vouched for) and every limited field within its limits.  Generated once per frame
-    type: one boolean expression per length spares a length test, a local and a call
-    per field (this is the per-message path, issue #14).  On False the caller checks
-    field by field, which names the problem (or finds none)."""
+def _field_checks(cls: type, ref: str) -> list[tuple[int, str]]:
+    """``(item index j, expression)`` per field of ``cls`` whose containers or limits need
+    a test (see ``_limits_checker``); ``ref.format(j)`` names field ``j`` of the item."""
     specs = SPECS[cls]
     limited = {i: (low, high, text) for i, _, low, high, text in _limits(cls)}
     checks = []
     for i, spec in enumerate(specs):
         j = i + 1
-        x = f"v[{j}]"
+        x = ref.format(j)
         if spec.kind in _DEEP_KINDS:
             if spec.kind == "strlist":
                 inner = [f"_str_only(map(type, {x}))"]
                 if i in limited:
                     inner.append(f"len({x}) <= {limited[i][1]}")
-                    inner.append(f"max(map(len, {x})) <= {MAX_NAME}")
+                    # no item longer than MAX_NAME: all of them together are not (a join
+                    # is ~4x cheaper than max(map(len, …)) for a broker path), or else
+                    # the longest is not
+                    inner.append(f"(len(_join({x})) <= {MAX_NAME} "
+                                 f"or max(map(len, {x})) <= {MAX_NAME})")
             elif spec.kind == "headers":
                 inner = [f"_str_only(map(type, {x}))",
                          f"_header_values(map(type, {x}.values()))"]
@@ -525,15 +659,84 @@ def _limits_checker(cls: type) -> tuple:
                 checks.append((j, f"({x} is None or len({x}) <= {high})"))
             else:
                 checks.append((j, f"len({x}) <= {high}"))
+    return checks
+
+
+def _limits_checker(cls: type) -> tuple:
+    """Straight-line functions ``item -> bool``, one per item length ``n`` (the tuple's
+    index; ``n`` = 1 + the fields present): True when a type-valid CBOR item
+    ``[code, *fields]`` of that length has plainly valid containers (a list of text, a
+    map of text to header values: tested in C as sets of item types; any other map: not
+    vouched for) and every limited field within its limits.  Generated once per frame
+    type: one boolean expression per length spares a length test, a local and a call
+    per field (this is the per-message path, issue #14).  On False the caller checks
+    field by field, which names the problem (or finds none)."""
+    specs = SPECS[cls]
+    checks = _field_checks(cls, "v[{}]")
     lines = []
     for n in range(len(specs) + 2):
         tests = [test for j, test in checks if j < n]
         lines.append(f"def check{n}(v):")
         lines.append(f"    return {' and '.join(tests) if tests else 'True'}")
     namespace: dict = {"_str_only": _ONLY_STR.issuperset,
-                       "_header_values": _HEADER_TYPES.issuperset}
+                       "_header_values": _HEADER_TYPES.issuperset, "_join": "".join}
     exec("\n".join(lines), namespace)   # noqa: S102 - generated from SPECS and LIMITS
     return tuple(namespace[f"check{n}"] for n in range(len(specs) + 2))
+
+
+def _fast_builders(cls: type) -> tuple:
+    """Per item length ``n`` (the tuple's index), a generated ``item -> frame or None``:
+    the frame when the item's type signature is valid (``_signatures``) and its
+    containers and limits pass (``_limits_checker``), built from the unpacked fields;
+    None otherwise, and the caller takes the usual path (which then names the problem).
+    One function per length tests each field's type by identity and its limits in one
+    expression: no signature tuple to build and hash, no checker call, no slice of the
+    item per frame (issue #14: every broker and client decodes every message once).
+    None in the tuple: no valid item has that length."""
+    specs = SPECS[cls]
+    checks = _field_checks(cls, "f{}")
+    n_required = sum(1 for s in specs if s.required)
+    namespace: dict = {"_str_only": _ONLY_STR.issuperset,
+                       "_header_values": _HEADER_TYPES.issuperset, "_join": "".join,
+                       "_cls": cls, "_code": CODES[cls]}
+    lines = []
+    lengths = []
+    for n in range(len(specs) + 2):
+        k = n - 1   # fields present
+        if not n_required <= k <= len(specs):
+            continue
+        lengths.append(n)
+        names = [f"f{j}" for j in range(1, n)]
+        # the code: the int itself (codes are small ints, one object each in CPython;
+        # True or 21.0 find a code's builders too, and fail here -- as would an int that
+        # is not that object, which then merely takes the usual path)
+        tests = ["_c is _code"]
+        limits = dict(checks)
+        for j, spec in enumerate(specs[:k], 1):
+            allowed = ((_CONTAINER[spec.kind],) if spec.kind in _DEEP_KINDS
+                       else tuple(_FAST_TYPES[spec.kind]))
+            plain = [t for t in allowed if t is not type(None)]
+            for t in plain:
+                namespace[f"_t_{t.__name__}"] = t
+            test = " or ".join(f"type(f{j}) is _t_{t.__name__}" for t in plain)
+            if len(plain) < len(allowed):   # optional: None, or the type (and its limit)
+                none_or = f"(f{j} is None or "
+                limit = limits.get(j, "")
+                if limit.startswith(none_or):
+                    del limits[j]
+                    test = f"f{j} is None or {test} and {limit[len(none_or):-1]}"
+                else:
+                    test = f"f{j} is None or {test}"
+            tests.append(f"({test})" if " or " in test else test)
+        tests += [test for j, test in limits.items() if j < n]
+        lines.append(f"def fast{n}(v):")
+        lines.append(f"    _c, {', '.join(names)}{'' if names else ''} = v")
+        lines.append(f"    if {' and '.join(tests)}:")
+        lines.append(f"        return _cls({', '.join(names)})")
+        lines.append("    return None")
+    exec("\n".join(lines), namespace)   # noqa: S102 - generated from SPECS and LIMITS
+    return tuple(namespace[f"fast{n}"] if n in lengths else None
+                 for n in range(len(specs) + 2))
 
 
 #: code -> (class, class name, ((field name, fast types, check), ...), required count,
@@ -554,12 +757,22 @@ _DECODERS: dict[int, tuple[type, str, tuple[tuple[str, frozenset, Any], ...], in
     )
     for code, cls in BY_CODE.items()
 }
+#: code -> the generated builders of ``_fast_builders`` by item length (None: invalid).
+#: A float or bool equal to a code finds that code's builders too (``_FAST[21.0]``): each
+#: builder tests that its item's code is that int.
+_FAST: dict[int, tuple] = {code: _fast_builders(cls) for code, cls in BY_CODE.items()}
 
 
 def _build(item: Any) -> Frame:
     """A decoded CBOR item -> a validated frame, or FrameError naming the problem."""
     if type(item) is not list:
         raise FrameError(f"frame must be a CBOR array, got {_tname(item)}", code="not_array")
+    try:   # the usual frame: its code's builder for its length (``_fast_builders``)
+        frame = _FAST[item[0]][len(item)](item)
+    except (KeyError, IndexError, TypeError):   # no such code or length; an empty item
+        frame = None
+    if frame is not None:
+        return frame
     if not item:
         raise FrameError("frame array is empty: no type code", code="unknown_type")
     code = item[0]
@@ -741,17 +954,21 @@ class FrameDecoder:
                 stream = BytesIO(region)  # one copy for the whole batch
                 region.release()
             decode = cbor2.CBORDecoder(stream, **_DECODER_OPTIONS).decode
-            seek, tell = stream.seek, stream.tell
+            tell = stream.tell
+            # each frame's body starts 4 bytes (its length) after the previous frame's end,
+            # where the decoder stopped (checked below): one relative seek, no offset kept
+            skip_length = partial(stream.seek, 4, SEEK_CUR)
             append = self._ready.append
-            body = 4
             for frame_end in ends:
-                seek(body)
+                skip_length()
                 try:
                     item = decode()
                 except Exception as exc:  # the one edge where cbor2's errors are translated
                     self._fail(f"undecodable CBOR: {exc}", "bad_cbor")
                     return
                 if tell() != frame_end:
+                    i = ends.index(frame_end)
+                    body = (ends[i - 1] if i else 0) + 4
                     self._fail(f"CBOR item is {tell() - body} bytes but the frame length "
                                f"is {frame_end - body}", "bad_cbor")
                     return
@@ -760,7 +977,6 @@ class FrameDecoder:
                 except FrameError as exc:
                     self._fail(exc.message, exc.code)
                     return
-                body = frame_end + 4
             self._off = pos
         if problem is not None:
             self._fail(*problem)
