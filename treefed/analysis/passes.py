@@ -629,7 +629,8 @@ _CODED_OPEN_BYTES = 1 << 18
 @contextmanager
 def _splits(spark: SparkSession) -> Iterator[None]:
     """Within: the file scans planned split the coded parts in ~1 MB pieces (row groups),
-    unless the session sets its own split sizes."""
+    unless the Spark configuration (``--conf``) sets either split size; the session's
+    values are restored after."""
     conf = spark.sparkContext.getConf()
     keys = {"spark.sql.files.maxPartitionBytes": _CODED_SPLIT_BYTES,
             "spark.sql.files.openCostInBytes": _CODED_OPEN_BYTES}
