@@ -830,8 +830,10 @@ def _session(args: argparse.Namespace) -> tuple[SparkSession, bool]:
     return spark, True
 
 
-#: The local driver JVM's JIT options (see _session).
-JIT_OPTIONS = "-XX:TieredStopAtLevel=1"
+#: The local driver JVM's JIT options (see _session).  -XX:-DontCompileHugeMethods: a
+#: generated method over HotSpot's 8,000 bytes is otherwise never compiled, and runs in the
+#: bytecode interpreter (the string pass's per-row method is ~8.8 KB; passes.facts).
+JIT_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:-DontCompileHugeMethods"
 
 
 def _jvm_cpu_s(spark: SparkSession) -> float | None:

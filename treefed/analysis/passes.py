@@ -231,22 +231,24 @@ def facts(raw: DataFrame, interest: DataFrame, roles: DataFrame,
     p = _fact("P", F.when(ok & ~F.col("event").startswith("run."), F.col("broker")),
               code=code)
     in_tree = F.col("run").isin(*tree_runs) if tree_runs else F.lit(False)
-    tagged = (F.when(F.col("bad"), F.array(p))
-              .when(F.col("created"), F.array(
-                  p, _fact("T", F.col("broker"), ts=F.col("ts")),
-                  _fact("C", a=F.col("consumer"), ts=F.col("ts"))))
-              .when(_is("demand.removed"),
-                    F.array(p, _fact("T", F.col("broker"), ts=F.col("ts"), net=-1)))
-              .when(_is("advisory.sent"), F.array(p, _fact("S", ts=F.col("ts"))))
-              .when(_is("message.delivered"),
-                    F.array(p, _fact("M", F.col("broker"), copy, F.col("msg"))))
-              .when(_is("message.forwarded") & in_tree,
-                    F.array(p, _fact("F", F.col("broker"), F.col("peer"), F.col("msg"))))
-              .when(_is("consumer.added"), F.array(p, _fact("A", a=qualified, ts=F.col("ts"))))
-              .when(_is("link.down", "link.up"),
-                    F.array(p, _fact("L", a=F.col("event"), ts=F.col("ts"))))
-              .otherwise(F.array(p)))
-    exploded = rows.select(F.col("run"), F.inline(tagged))
+    # Every line's P fact, its event's fact (null when none) and demand.created's C fact:
+    # one array of three, the nulls dropped after inline.  (Written as one CASE of whole
+    # arrays, P's expression was in each of 9 branches: a 58 KB generated method, too long
+    # for the JIT -- the stage ran in the bytecode interpreter.)
+    second = (F.when(F.col("created"), _fact("T", F.col("broker"), ts=F.col("ts")))
+              .when(ok & _is("demand.removed"),
+                    _fact("T", F.col("broker"), ts=F.col("ts"), net=-1))
+              .when(ok & _is("advisory.sent"), _fact("S", ts=F.col("ts")))
+              .when(ok & _is("message.delivered"),
+                    _fact("M", F.col("broker"), copy, F.col("msg")))
+              .when(ok & _is("message.forwarded") & in_tree,
+                    _fact("F", F.col("broker"), F.col("peer"), F.col("msg")))
+              .when(ok & _is("consumer.added"), _fact("A", a=qualified, ts=F.col("ts")))
+              .when(ok & _is("link.down", "link.up"),
+                    _fact("L", a=F.col("event"), ts=F.col("ts"))))
+    third = F.when(F.col("created"), _fact("C", a=F.col("consumer"), ts=F.col("ts")))
+    exploded = (rows.select(F.col("run"), F.inline(F.array(p, second, third)))
+                .where(F.col("tag").isNotNull()))
     return exploded.groupBy("tag", "run", "broker", "a", "b", "ts", "code").agg(
         F.sum("net").alias("n"))
 
