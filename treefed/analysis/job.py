@@ -817,6 +817,11 @@ def _session(args: argparse.Namespace) -> tuple[SparkSession, bool]:
     if context.master.startswith("local") and \
             not context.getConf().contains("spark.sql.shuffle.partitions"):
         spark.conf.set("spark.sql.shuffle.partitions", str(args.partitions))
+    if context.master.startswith("local") and not context.getConf().contains(
+            "spark.sql.sources.parallelPartitionDiscovery.threshold"):
+        # Local files are listed on the driver: above 32 paths (make run passes 87 runs)
+        # Spark lists them in a Spark job of one task per path, three such jobs a report.
+        spark.conf.set("spark.sql.sources.parallelPartitionDiscovery.threshold", "100000")
     if not context.getConf().contains("spark.sql.autoBroadcastJoinThreshold"):
         # Per-broker and per-destination tables of a 4,000-broker TTL 2 run are millions
         # of rows, and Spark's size estimate after aggregation can pick one to broadcast
@@ -825,8 +830,10 @@ def _session(args: argparse.Namespace) -> tuple[SparkSession, bool]:
     return spark, True
 
 
-#: The local driver JVM's JIT options (see _session).
-JIT_OPTIONS = "-XX:TieredStopAtLevel=1"
+#: The local driver JVM's JIT options (see _session).  -XX:-DontCompileHugeMethods: a
+#: generated method over HotSpot's 8,000 bytes is otherwise never compiled, and runs in the
+#: bytecode interpreter (the string pass's per-row method is ~8.8 KB; passes.facts).
+JIT_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:-DontCompileHugeMethods"
 
 
 def _jvm_cpu_s(spark: SparkSession) -> float | None:

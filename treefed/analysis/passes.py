@@ -73,6 +73,7 @@ import time
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -230,22 +231,24 @@ def facts(raw: DataFrame, interest: DataFrame, roles: DataFrame,
     p = _fact("P", F.when(ok & ~F.col("event").startswith("run."), F.col("broker")),
               code=code)
     in_tree = F.col("run").isin(*tree_runs) if tree_runs else F.lit(False)
-    tagged = (F.when(F.col("bad"), F.array(p))
-              .when(F.col("created"), F.array(
-                  p, _fact("T", F.col("broker"), ts=F.col("ts")),
-                  _fact("C", a=F.col("consumer"), ts=F.col("ts"))))
-              .when(_is("demand.removed"),
-                    F.array(p, _fact("T", F.col("broker"), ts=F.col("ts"), net=-1)))
-              .when(_is("advisory.sent"), F.array(p, _fact("S", ts=F.col("ts"))))
-              .when(_is("message.delivered"),
-                    F.array(p, _fact("M", F.col("broker"), copy, F.col("msg"))))
-              .when(_is("message.forwarded") & in_tree,
-                    F.array(p, _fact("F", F.col("broker"), F.col("peer"), F.col("msg"))))
-              .when(_is("consumer.added"), F.array(p, _fact("A", a=qualified, ts=F.col("ts"))))
-              .when(_is("link.down", "link.up"),
-                    F.array(p, _fact("L", a=F.col("event"), ts=F.col("ts"))))
-              .otherwise(F.array(p)))
-    exploded = rows.select(F.col("run"), F.inline(tagged))
+    # Every line's P fact, its event's fact (null when none) and demand.created's C fact:
+    # one array of three, the nulls dropped after inline.  (Written as one CASE of whole
+    # arrays, P's expression was in each of 9 branches: a 58 KB generated method, too long
+    # for the JIT -- the stage ran in the bytecode interpreter.)
+    second = (F.when(F.col("created"), _fact("T", F.col("broker"), ts=F.col("ts")))
+              .when(ok & _is("demand.removed"),
+                    _fact("T", F.col("broker"), ts=F.col("ts"), net=-1))
+              .when(ok & _is("advisory.sent"), _fact("S", ts=F.col("ts")))
+              .when(ok & _is("message.delivered"),
+                    _fact("M", F.col("broker"), copy, F.col("msg")))
+              .when(ok & _is("message.forwarded") & in_tree,
+                    _fact("F", F.col("broker"), F.col("peer"), F.col("msg")))
+              .when(ok & _is("consumer.added"), _fact("A", a=qualified, ts=F.col("ts")))
+              .when(ok & _is("link.down", "link.up"),
+                    _fact("L", a=F.col("event"), ts=F.col("ts"))))
+    third = F.when(F.col("created"), _fact("C", a=F.col("consumer"), ts=F.col("ts")))
+    exploded = (rows.select(F.col("run"), F.inline(F.array(p, second, third)))
+                .where(F.col("tag").isNotNull()))
     return exploded.groupBy("tag", "run", "broker", "a", "b", "ts", "code").agg(
         F.sum("net").alias("n"))
 
@@ -584,8 +587,10 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
     step = _Steps(spark)
     dims = dimensions(events).persist(StorageLevel.MEMORY_AND_DISK)
     cached.append(dims)
-    dim_rows = [r.asDict() for r in dims.collect()]
-    step("pass 1 (dimensions)")
+    # Arrow, not collect(): Row objects cost ~2 s of the driver's Python for make run's
+    # dimension rows (the same values: strings, longs, nulls)
+    dim_rows = dims.toArrow().to_pylist()
+    step(f"pass 1 (dimensions, {len(dim_rows):,} rows)")
     info = {r["run"]: r for r in dim_rows if r["kind"] == "start"}
     roles = {(r["run"], r["broker"]): r for r in dim_rows if r["kind"] == "info"}
     tree_runs = sorted(run for run, r in info.items()
@@ -603,8 +608,9 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
     rows = _fact_rows(table)
     if coded:
         code_interest, stores = _code_tables(spark, coded, dim_rows, covered, roles)
-        hot = hot_facts(every, code_interest, stores).toArrow()
-        by_consumer = consumer_facts(every).toArrow()
+        with _splits(spark):
+            hot = hot_facts(every, code_interest, stores).toArrow()
+            by_consumer = consumer_facts(every).toArrow()
         step(f"pass 2 by codes ({hot.num_rows:,} + {by_consumer.num_rows:,} rows)")
         rows = itertools.chain(rows, _hot_rows(hot, coded),
                                _consumer_rows(by_consumer, coded))
@@ -613,6 +619,34 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
     out = _assemble(spark, rows, info, roles, summaries, cached)
     step("assembly and the runs frame")
     return out
+
+
+#: Read splits of the coded parts' scans (``_splits``): a coded advisory row is ~1.4
+#: bytes of Parquet, so Spark's default packing (128 MB, 4 MB per file opened) put make
+#: run's 15.9 M rows in 3 tasks, two of them with 14.4 M rows: one core did most of it.
+_CODED_SPLIT_BYTES = 1 << 20
+_CODED_OPEN_BYTES = 1 << 18
+
+
+@contextmanager
+def _splits(spark: SparkSession) -> Iterator[None]:
+    """Within: the file scans planned split the coded parts in ~1 MB pieces (row groups),
+    unless the Spark configuration (``--conf``) sets either split size; the session's
+    values are restored after."""
+    conf = spark.sparkContext.getConf()
+    keys = {"spark.sql.files.maxPartitionBytes": _CODED_SPLIT_BYTES,
+            "spark.sql.files.openCostInBytes": _CODED_OPEN_BYTES}
+    if any(conf.contains(k) for k in keys):
+        yield
+        return
+    before = {k: spark.conf.get(k) for k in keys}
+    for k, v in keys.items():
+        spark.conf.set(k, str(v))
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            spark.conf.set(k, v)
 
 
 class _Steps:
@@ -680,6 +714,7 @@ def _assemble(spark: SparkSession, rows: Iterable[tuple], info: dict, roles: dic
     adds: dict[tuple[str, str], list[float]] = defaultdict(list)
     links: dict[str, list[tuple[str, float]]] = defaultdict(list)
     names = ("bad_lines", "finished") + _COUNTS     # the code's bits, from 1 up
+    counted_by: dict[int, list[str]] = {}
     for tag, run, broker, a, b, ts, code, n in rows:
         if tag == "P":
             total = lines.setdefault(run, [0, 0, 0])
@@ -690,9 +725,12 @@ def _assemble(spark: SparkSession, rows: Iterable[tuple], info: dict, roles: dic
                 m = brokers.get((run, broker))
                 if m is None:
                     m = brokers[(run, broker)] = dict.fromkeys(_COUNTS, 0)
-                for k, name in enumerate(names[2:], start=3):
-                    if code & (1 << k):
-                        m[name] += n
+                counted = counted_by.get(code)
+                if counted is None:     # the counts a code's bits name (a few codes)
+                    counted = counted_by[code] = [
+                        name for k, name in enumerate(names[2:], start=3) if code & (1 << k)]
+                for name in counted:
+                    m[name] += n
         elif tag == "T":
             held[(run, broker)][ts] += n
             if ts is not None:
