@@ -103,7 +103,8 @@ class ConnTasks:
         return self
 
     async def __aexit__(self, *exc: Any) -> bool:
-        self.children.cancel()   # as a nursery's end cancels what still runs in it
+        if self.started:   # as a nursery's end cancels what still runs in it
+            self.children.cancel()
         return self.cancel_scope.__exit__(*exc)
 
     def start_soon(self, fn: Any, *args: Any) -> None:

@@ -51,7 +51,8 @@ import trio
 from treefed.wire.codec import FrameDecoder, encode
 from treefed.wire.frames import SPECS
 
-__all__ = ["PipeStream", "pipe_pair", "FrameEnd", "frame_link", "copy_frame"]
+__all__ = ["PipeStream", "pipe_pair", "FrameEnd", "frame_link", "copy_frame",
+           "aclose_forcefully"]
 
 
 class _Pipe:
@@ -358,3 +359,15 @@ def frame_link() -> tuple[FrameEnd, FrameEnd]:
     """Two connected in-process frame-link ends."""
     a_to_b, b_to_a = _Frames(), _Frames()
     return FrameEnd(b_to_a, a_to_b), FrameEnd(a_to_b, b_to_a)
+
+
+async def aclose_forcefully(stream: trio.abc.AsyncResource) -> None:
+    """``trio.aclose_forcefully(stream)``; a frame link's end is closed at once, without
+    the cancel scope that call builds and cancels (in a cancelled scope
+    ``FrameEnd.aclose`` is ``close()`` and nothing more).  A node closes every
+    connection's stream so when it ends: a 4 x 1,000 memory estate's teardown did it
+    ~12,000 times (issue #14)."""
+    if type(stream) is FrameEnd:
+        stream.close()
+    else:
+        await trio.aclose_forcefully(stream)

@@ -1,0 +1,118 @@
+"""What the memory engine's start-up wait and teardown cost in trio machinery (issue #14,
+in-process estate): the run cancels one scope (the root's), not one per connection,
+and the engine's main task waits for the estate to come up without a task step per
+site.  Counts, not timings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from treefed.node.late_writer import ConnTasks
+from treefed.scenario.engines.memory import MemoryEngine
+from treefed.scenario.results import Recorder
+from treefed.scenario.spec import load_scenario
+from treefed.scenario.workload import build_plan
+from treefed.transport.memory import aclose_forcefully, frame_link
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+
+
+class _Lines:
+    def write(self, *args) -> None:
+        pass
+
+
+class _MainSteps(trio.abc.Instrument):
+    def __init__(self, main: trio.lowlevel.Task) -> None:
+        self.main = main
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.main:
+            self.steps += 1
+
+
+class _Counted(MemoryEngine):
+    main_steps: _MainSteps | None = None
+
+    async def _main(self):
+        self.main_steps = _MainSteps(trio.lowlevel.current_task())
+        trio.lowlevel.add_instrument(self.main_steps)
+        return await super()._main()
+
+
+@pytest.fixture
+def cancels(monkeypatch) -> list:
+    """Every ``CancelScope.cancel()`` call made while the test runs."""
+    calls: list = []
+    cancel = trio.CancelScope.cancel
+
+    def counted(self, *args, **kwargs):
+        calls.append(self)
+        return cancel(self, *args, **kwargs)
+
+    monkeypatch.setattr(trio.CancelScope, "cancel", counted)
+    return calls
+
+
+def _run() -> tuple[_Counted, int, dict]:
+    sc = load_scenario(SCENARIOS / "retail-small.toml")
+    plan = build_plan(sc)
+    engine = _Counted(plan, sc.mode("tree"), Recorder(plan, _Lines()))
+    figures = engine.run()["outcome"]
+    return engine, len(plan.topology.brokers), figures
+
+
+def test_a_run_cancels_the_root_scope_only(cancels) -> None:
+    """The end of a run is one ``cancel()`` (the root nursery's); closing each frame link
+    and ending each connection's block cancel nothing more (75 calls at retail-small
+    before: trio's ``aclose_forcefully`` per closed link end and a ``ConnTasks`` scope
+    per connection, each a cancel status walk and a ``repr`` of the task)."""
+    engine, brokers, figures = _run()
+    assert figures["delivered"] == figures["expected"] > 0
+    assert figures["stranded"] == 0
+    assert len(cancels) == 1, len(cancels)
+
+
+def test_the_main_task_waits_for_the_estate_without_a_step_per_site() -> None:
+    """Sites that are up by the time the main task looks cost it nothing (16 steps of
+    the main task at retail-small's 13 sites before: one per site, then the plan)."""
+    engine, brokers, figures = _run()
+    assert figures["delivered"] == figures["expected"] > 0
+    assert engine.main_steps.steps <= 6, engine.main_steps.steps
+
+
+def test_aclose_forcefully_closes_a_frame_link_at_once(cancels) -> None:
+    """No cancel scope, no checkpoint: the end is closed when the call returns, the
+    peer's stream has ended, even from a task that is not cancelled."""
+
+    async def main() -> None:
+        near, far = frame_link()
+        await aclose_forcefully(far)
+        with pytest.raises(trio.BrokenResourceError):
+            near.send_now(["x"]) or await near.send_frames(["x"])
+        with pytest.raises(trio.EndOfChannel):
+            await near.receive_frames()
+        with pytest.raises(trio.ClosedResourceError):
+            await far.receive_frames()
+
+    trio.run(main)
+    assert cancels == []
+
+
+def test_a_connection_block_without_a_task_cancels_nothing(cancels) -> None:
+    """``ConnTasks`` cancels its children's scope only when a child was started."""
+
+    async def main() -> None:
+        async with trio.open_nursery() as host:
+            async with ConnTasks(host):
+                pass
+            async with ConnTasks(host) as tasks:
+                tasks.start_soon(trio.sleep_forever)
+                await trio.sleep(0)
+
+    trio.run(main)
+    assert len(cancels) == 1   # the second block's: its writer was running
