@@ -116,3 +116,37 @@ def test_a_connection_block_without_a_task_cancels_nothing(cancels) -> None:
 
     trio.run(main)
     assert len(cancels) == 1   # the second block's: its writer was running
+
+
+def test_connect_now_hello_then_direct_or_refused() -> None:
+    """The hello goes in the call; the broker's Hello makes the App direct (what it
+    queued meanwhile goes at once, deliveries are acked in the broker's call) and calls
+    ``ready``; an Error calls ``failed`` with the broker's reason."""
+    from treefed.errors import RemoteError
+    from treefed.scenario.engines.live import App
+    from treefed.wire.frames import PROTOCOL_VERSION, Ack, Deliver, Error, Hello, Subscribe
+
+    async def main() -> None:
+        near, far = frame_link()
+        app, seen = App("s1"), []
+        app.connect_now(near, lambda: seen.append("ready"), seen.append)
+        (hello,) = await far.receive_frames()
+        assert type(hello) is Hello and hello.name == "s1-app"
+        app.queue(Subscribe("sub-1", "queue://q", None))   # before the answer: waits
+        assert far._in.frames == []
+        far.send_now([Hello(PROTOCOL_VERSION, "broker", name="s1"),
+                      Deliver("sub-1", "m1", "queue://q", {}, b"x", False, 0)])
+        assert seen == ["ready"]
+        got = await far.receive_frames()
+        assert [type(f) for f in got] == [Subscribe, Ack]
+        assert got[1].msg == "m1"
+
+        near, far = frame_link()
+        app, seen = App("s2"), []
+        app.connect_now(near, lambda: seen.append("ready"), seen.append)
+        await far.receive_frames()
+        far.send_now([Error("auth_failed", "no")])
+        (exc,) = seen
+        assert type(exc) is RemoteError and exc.code == "auth_failed"
+
+    trio.run(main)
