@@ -239,16 +239,37 @@ def copy_frame(frame: Any) -> Any:
 
 class _Frames:
     """One direction of a frame link: frames sent and not yet received (or, once the
-    receiving end called ``deliver_to``, the function that takes them at once)."""
+    receiving end called ``deliver_to``, the function that takes them at once), and
+    the one task waiting to receive them.  A direction has one receiver, so it keeps
+    that task itself rather than a ``ParkingLot`` (an OrderedDict and a generator per
+    wake-up; issue #14: ~60,000 wake-ups and 16,000 links in a 4 x 1,000 estate)."""
 
-    __slots__ = ("frames", "eof", "reader_gone", "lot", "deliver")
+    __slots__ = ("frames", "eof", "reader_gone", "waiter", "deliver")
 
     def __init__(self) -> None:
         self.frames: list = []
         self.deliver: Callable[[list], Any] | None = None
         self.eof = False            # the sending end sent EOF or closed
         self.reader_gone = False    # the receiving end closed: sends are broken
-        self.lot = trio.lowlevel.ParkingLot()
+        self.waiter: trio.lowlevel.Task | None = None   # the receiver, while it waits
+
+    def wake(self) -> None:
+        """Frames, EOF or close: the waiting receiver (if any) runs again."""
+        task = self.waiter
+        if task is not None:
+            self.waiter = None
+            trio.lowlevel.reschedule(task)
+
+    def _abort(self, raise_cancel: Any) -> Any:
+        self.waiter = None   # cancelled while waiting
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    async def wait(self) -> None:
+        """Sleep until ``wake`` (a checkpoint: cancellable)."""
+        if self.waiter is not None:
+            raise trio.BusyResourceError("another task is receiving on this frame link end")
+        self.waiter = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(self._abort)
 
 
 class FrameEnd(trio.abc.HalfCloseableStream):
@@ -281,7 +302,7 @@ class FrameEnd(trio.abc.HalfCloseableStream):
                 out.deliver(batch)
                 return
             out.frames += batch
-            out.lot.unpark_all()
+            out.wake()
 
     def send_now(self, frames: list) -> bool:
         """Hand ``frames`` to the peer at once; False (nothing sent) when this end or the
@@ -304,9 +325,9 @@ class FrameEnd(trio.abc.HalfCloseableStream):
         ended the stream and everything was received."""
         inc = self._in
         if not inc.frames and not inc.eof and not self._closed:
-            await inc.lot.park()   # the checkpoint: woken by a send, EOF or close
+            await inc.wait()   # the checkpoint: woken by a send, EOF or close
             while not inc.frames and not inc.eof and not self._closed:
-                await inc.lot.park()
+                await inc.wait()
         else:
             await trio.lowlevel.checkpoint()
         if self._closed:
@@ -349,7 +370,7 @@ class FrameEnd(trio.abc.HalfCloseableStream):
         if self._closed:
             raise trio.ClosedResourceError("this end is closed")
         self._out.eof = True
-        self._out.lot.unpark_all()
+        self._out.wake()
 
     def close(self) -> None:
         """Close both directions: the peer's stream ends, its sends break."""
@@ -357,10 +378,10 @@ class FrameEnd(trio.abc.HalfCloseableStream):
             return
         self._closed = True
         self._out.eof = True
-        self._out.lot.unpark_all()
+        self._out.wake()
         self._in.reader_gone = True
         self._in.frames = []
-        self._in.lot.unpark_all()   # a receive of ours in progress raises Closed
+        self._in.wake()   # a receive of ours in progress raises Closed
 
     async def aclose(self) -> None:
         self.close()
