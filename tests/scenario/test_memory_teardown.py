@@ -172,3 +172,21 @@ def test_the_root_nursery_gathers_no_exception_at_the_end(monkeypatch) -> None:
     assert figures["stranded"] == 0
     assert engine._root not in added, added.count(engine._root)
     assert added   # the nodes' own nurseries did see their tasks cancelled
+
+
+def test_a_site_seeds_its_random_only_when_drawn_from() -> None:
+    """No site of a converging run draws reconnect jitter, so none pays for a seeded
+    Mersenne Twister (2.5 KiB each); drawing gives the seeded Random's own sequence."""
+    import random
+
+    from treefed.scenario.engines.live import _SeededLater
+
+    engine, brokers, figures = _run()
+    assert figures["delivered"] == figures["expected"] > 0
+    assert all(site.rng._rng is None for site in engine.sites.values())
+    lazy, real = _SeededLater(1234), random.Random(1234)
+    assert [lazy.random() for _ in range(3)] == [real.random() for _ in range(3)]
+    items, same = list(range(10)), list(range(10))
+    lazy.shuffle(items)
+    real.shuffle(same)
+    assert items == same
