@@ -106,12 +106,13 @@ def test_aclose_forcefully_closes_a_frame_link_at_once(cancels) -> None:
 
 
 def test_a_connection_block_without_a_task_cancels_nothing(cancels) -> None:
-    """``ConnTasks`` cancels its children's scope only when a child was started."""
+    """``ConnTasks`` cancels its children's scope only when a child was started, and
+    makes that scope only then."""
 
     async def main() -> None:
         async with trio.open_nursery() as host:
-            async with ConnTasks(host):
-                pass
+            async with ConnTasks(host) as idle:
+                assert idle.children is None and not idle.started
             async with ConnTasks(host) as tasks:
                 tasks.start_soon(trio.sleep_forever)
                 await trio.sleep(0)
