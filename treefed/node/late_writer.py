@@ -90,29 +90,35 @@ class LateStart:
 class ConnTasks:
     """A connection's cancel scope used as its nursery (see the module doc)."""
 
-    __slots__ = ("host", "cancel_scope", "children", "started")
+    __slots__ = ("host", "cancel_scope", "children")
 
     def __init__(self, host: trio.Nursery) -> None:
         self.host = host                       # the node's nursery
         self.cancel_scope = trio.CancelScope()
-        self.children = trio.CancelScope()     # the task started through it
-        self.started = False
+        # the scope of the task started through it; made when one is (most never are)
+        self.children: trio.CancelScope | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.children is not None
 
     async def __aenter__(self) -> ConnTasks:
         self.cancel_scope.__enter__()
         return self
 
     async def __aexit__(self, *exc: Any) -> bool:
-        self.children.cancel()   # as a nursery's end cancels what still runs in it
+        if self.children is not None:   # as a nursery's end cancels what still runs in it
+            self.children.cancel()
         return self.cancel_scope.__exit__(*exc)
 
     def start_soon(self, fn: Any, *args: Any) -> None:
         """Start the connection's one extra task (its writer)."""
-        if self.started:
+        if self.children is not None:
             raise RuntimeError("a frame link's connection starts one task at most")
-        self.started = True
-        self.host.start_soon(self._child, fn, args)
+        self.children = trio.CancelScope()
+        self.host.start_soon(self._child, self.children, fn, args)
 
-    async def _child(self, fn: Any, args: tuple) -> None:
-        with self.children:
+    @staticmethod
+    async def _child(scope: trio.CancelScope, fn: Any, args: tuple) -> None:
+        with scope:
             await fn(*args)

@@ -156,7 +156,7 @@ from treefed.security.guard import Guard
 from treefed.transport.backoff import backoff_for
 from treefed.transport.framed import FramedStream
 from treefed.node.late_writer import ConnTasks, LateStart, LateWriter
-from treefed.transport.memory import FrameEnd
+from treefed.transport.memory import FrameEnd, aclose_forcefully
 from treefed.transport.streams import connect_with_retry, open_tcp, peer_address, serve_tcp
 from treefed.transport.tls import peer_identity, serve_tls
 from treefed.transport.uri import Endpoint, Failover, Static, parse_uri
@@ -652,7 +652,7 @@ class BrokerNode:
         except (trio.BrokenResourceError, trio.ClosedResourceError, RemoteError):
             pass
         finally:
-            await trio.aclose_forcefully(stream)
+            await aclose_forcefully(stream)   # a frame link: closed at once (#14)
 
     async def _run_conn(self, stream: trio.abc.Stream, dialer: Dialer | None,
                         protocol: str = "treefed") -> None:
@@ -872,7 +872,7 @@ class BrokerNode:
             try:
                 await self._run_conn(stream, dialer)   # hello, then operational
             finally:
-                await trio.aclose_forcefully(stream)
+                await aclose_forcefully(stream)   # a frame link: at once (#14)
                 dialer.state = "waiting"
                 dialer.conn = None
             backoff.disconnected(trio.current_time())

@@ -10,7 +10,8 @@ so ``kill_broker`` is one ``cancel()``: its tasks stop, its streams close, its p
 the link drop -- exactly a dead process, minus the process.  The node's MemoryStore
 outlives it; ``restart_broker`` builds a new node on it.  On frame links a connection's
 writer task starts only when it closes (node/late_writer.py) and the App has no task of
-its own (issue #14: a site costs ~6 tasks, not 12, to start and to cancel).
+its own, not even to connect (``App.connect_now``; issue #14: a site costs 5 tasks, not
+12, to start and to cancel).
 
 Time is a ``trio.testing.MockClock`` with autojump: virtual time stands still while any
 task can run and jumps to the next timer when all are blocked.  So the plan's ``at``
@@ -195,37 +196,67 @@ class App:
              persistent: bool) -> None:
         self.queue(Send(dst, msg_id, dict(headers), body, persistent))
 
-    async def run(self, stream: trio.abc.Stream, *,
-                  task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Hello, then read (acking deliveries) and write until the stream ends; on an
-        in-process frame link, return after the hello (the link hands the App its
-        frames, the App writes into it directly)."""
-        framed = stream if type(stream) is FrameEnd else FramedStream(stream)
-        await framed.send_frame(Hello(PROTOCOL_VERSION, "client", name=f"{self.broker_id}-app",
-                                      username=self.username, password=self.password))
-        try:
-            first = await framed.receive_frames()
-        except _GONE as exc:   # e.g. TLS 1.3: a refused client certificate shows up here
-            why = getattr(exc.__cause__, "reason", None) or "connection closed"
-            raise RemoteError(f"{self.broker_id}: the broker closed the workload client's "
-                              f"connection before its hello: {why}") from exc
+    def _hello(self) -> Hello:
+        return Hello(PROTOCOL_VERSION, "client", name=f"{self.broker_id}-app",
+                     username=self.username, password=self.password)
+
+    def _check_hello(self, first: list) -> None:
+        """The broker's answer to our hello: a Hello, or a RemoteError saying why not."""
         if type(first[0]) is Error:
             raise RemoteError(f"{self.broker_id}: the broker refused the workload client"
                               f"{' ' + self.username if self.username else ''}: "
                               f"{first[0].code} {first[0].message}", code=first[0].code)
         if type(first[0]) is not Hello:
             raise RemoteError(f"{self.broker_id}: expected hello, got {first[0]!r}")
+
+    def _go_direct(self, end: FrameEnd, frames: list) -> None:
+        """After the hello on an in-process frame link: what the App queues goes into
+        the link at once, in order (no writer task), and the link hands the App what the
+        broker sends in the broker's own call, which the App acks synchronously (no
+        reader task) -- issue #14.  ``frames``: what came with the broker's hello."""
+        self._direct = end
+        early, self._out = self._out, []
+        end.send_now(early)
+        self._handle(frames)
+        end.deliver_to(self._handle)
+
+    def connect_now(self, end: FrameEnd, ready: Callable[[], None],
+                    failed: Callable[[Exception], None]) -> None:
+        """``run`` for an in-process frame link, without a task (issue #14: one task
+        fewer per site to start): the hello goes now; the broker's answer arrives in the
+        broker's own call, which then makes the App direct (``_go_direct``) and calls
+        ``ready()`` -- or ``failed(RemoteError)`` when the broker refused it.  (A broker
+        that stops before it answers never calls back: its site ends anyway.)"""
+        def answer(first: list) -> None:
+            try:
+                self._check_hello(first)
+            except RemoteError as exc:
+                end.deliver_to(_ignore)
+                failed(exc)
+                return
+            self._go_direct(end, first[1:])
+            ready()
+
+        end.send_now((self._hello(),))
+        end.deliver_to(answer)
+
+    async def run(self, stream: trio.abc.Stream, *,
+                  task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Hello, then read (acking deliveries) and write until the stream ends; on an
+        in-process frame link, return after the hello (the link hands the App its
+        frames, the App writes into it directly)."""
+        framed = stream if type(stream) is FrameEnd else FramedStream(stream)
+        await framed.send_frame(self._hello())
+        try:
+            first = await framed.receive_frames()
+        except _GONE as exc:   # e.g. TLS 1.3: a refused client certificate shows up here
+            why = getattr(exc.__cause__, "reason", None) or "connection closed"
+            raise RemoteError(f"{self.broker_id}: the broker closed the workload client's "
+                              f"connection before its hello: {why}") from exc
+        self._check_hello(first)
         task_status.started()
         if type(framed) is FrameEnd:
-            # an in-process frame link takes frames synchronously: what the App queues
-            # goes at once, in order, and the App needs no writer task (issue #14)
-            self._direct = framed
-            early, self._out = self._out, []
-            framed.send_now(early)
-            # ... and hands the App what the broker sends in the broker's own call: the
-            # App acks synchronously, so it needs no reader task either (issue #14)
-            self._handle(first[1:])
-            framed.deliver_to(self._handle)
+            self._go_direct(framed, first[1:])
             return
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._writer, framed)
@@ -268,6 +299,10 @@ class App:
 
 
 
+def _ignore(frames: list) -> None:
+    """Frames nobody reads (a refused App's link)."""
+
+
 def apply_traffic(step: Step, sites: dict, consumers: dict, body: bytes) -> bool:
     """The timeline steps every live engine performs alike (sends, consumers coming and
     going) through each site's App; False for any other action."""
@@ -304,6 +339,24 @@ class _Started:
         self.call(value)
 
 
+class _SeededLater:
+    """``random.Random(seed)``, seeded when first drawn from: a converging estate's nodes
+    never draw (a first dial has no delay to jitter), and 4,005 Mersenne Twisters cost
+    ~10 MiB and ~45 ms to seed (issue #14).  The same sequence as the seeded Random."""
+
+    __slots__ = ("_seed", "_rng")
+
+    def __init__(self, seed: int) -> None:
+        self._seed = seed
+        self._rng: random.Random | None = None
+
+    def __getattr__(self, name: str) -> Any:   # random(), shuffle(), ...: the real one
+        rng = self._rng
+        if rng is None:
+            rng = self._rng = random.Random(self._seed)
+        return getattr(rng, name)
+
+
 class _Site:
     __slots__ = ("spec", "node", "store", "app", "scope", "nursery", "alive", "port",
                  "up", "stopped", "link_stream", "rng")
@@ -320,7 +373,7 @@ class _Site:
         self.up = trio.Event()               # set while alive (dialers wait on it)
         self.stopped = trio.Event()          # set when the node's tasks have all ended
         self.link_stream: Any = None         # the child side of its parent link, to cut
-        self.rng = random.Random(seed)
+        self.rng = _SeededLater(seed)        # its node's reconnect jitter
 
 
 class LiveEngine:
@@ -372,7 +425,8 @@ class LiveEngine:
             ready = [self._launch(self.sites[spec.id], info=True)
                      for spec in self.topology.brokers]
             for up in ready:
-                await up.wait()
+                if not up.is_set():   # a set one costs no task step (4,005 of them)
+                    await up.wait()
             for step in plan.steps:
                 await trio.sleep_until(self._t0 + step.at)
                 await self._step(step)
@@ -380,12 +434,26 @@ class LiveEngine:
                     self.progress({"t": self.now(), "frames": sum(rec.counts.values())})
             await trio.sleep(QUIET_S)
             end = self.now()
-            root.cancel_scope.cancel()
+            self._stop_sites(root)
         outcome = rec.finish(end)
         rec.emit(end, RUNNER, "run.finished",
                  run_fields(plan, self.mode, self.name, self.topology, params))
         errors = sum(s.app.errors for s in self.sites.values() if s.app is not None)
         return {"virtual_s": end, "frames": 0, "client_errors": errors, "outcome": outcome}
+
+    def _stop_sites(self, root: trio.Nursery) -> None:
+        """End the run: cancel every site's own scope, which catches its node's
+        Cancelled, so each site task ends normally and the root nursery gathers no
+        exception (cancelling the root made it group and split one per site: ~0.1 s of
+        a 4 x 1,000 teardown, issue #14).  Every task of the root nursery is a site's;
+        if one is not inside its scope (never, after the quiet period), the root's
+        cancel ends everything as before."""
+        scopes = [s.scope for s in self.sites.values() if s.scope is not None]
+        if len(scopes) != len(root.child_tasks):
+            root.cancel_scope.cancel()
+            return
+        for scope in scopes:
+            scope.cancel()
 
     # ------------------------------------------------------------------ sites
     async def _start(self, site: _Site, *, info: bool) -> None:
@@ -435,6 +503,7 @@ class LiveEngine:
                 site.node = node
                 await node.serve(task_status=_Started(partial(self._served, site, ready)))
         finally:
+            site.scope = None   # this task is out of it (``_stop_sites``)
             site.stopped.set()
             ready.set()
 
@@ -443,28 +512,41 @@ class LiveEngine:
         site.nursery = site.node._nursery   # its connections' tasks, the App's
         if self.tcp and not site.port:
             site.port = addresses[0][1]
-        site.nursery.start_soon(self._connect_app, site, ready)
+        if self.tcp:
+            site.nursery.start_soon(self._connect_app, site, ready)
+            return
+        # in-process: the App connects without a task of its own (issue #14)
+        app = site.app = App(site.spec.id)
+        near, far = frame_link()
+        site.nursery.start_soon(site.node.serve_stream, far)
+        app.connect_now(near, partial(self._app_ready, site, ready),
+                        partial(self._app_failed, site))
 
-    async def _connect_app(self, site: _Site, ready: trio.Event) -> None:
-        broker_id = site.spec.id
-        app = site.app = App(broker_id)
-        stream = await self._client_stream(site)
-        if type(stream) is FrameEnd:   # hello, then no task of its own
-            await app.run(stream)
-        else:
-            await site.nursery.start(app.run, stream)
-        for c in self.consumers.get(broker_id, {}).values():
+    def _app_ready(self, site: _Site, ready: trio.Event) -> None:
+        """The site's App is connected: its consumers subscribe, the site is up."""
+        app = site.app
+        for c in self.consumers.get(site.spec.id, {}).values():
             app.subscribe(c)
         site.alive = True
         site.up.set()
         ready.set()
 
-    async def _client_stream(self, site: _Site) -> trio.abc.Stream:
-        if self.tcp:
-            return await open_tcp(Endpoint("tcp", "127.0.0.1", site.port))
-        near, far = frame_link()
-        site.nursery.start_soon(site.node.serve_stream, far)
-        return near
+    @staticmethod
+    def _app_failed(site: _Site, exc: Exception) -> None:
+        """The broker refused the site's App: the run fails with that error, raised in
+        the node's nursery as ``_connect_app`` raises it."""
+        async def fail() -> None:
+            raise exc
+
+        site.nursery.start_soon(fail)
+
+    async def _connect_app(self, site: _Site, ready: trio.Event) -> None:
+        """The tcp engine's App: a loopback connection, its reader and writer tasks in
+        the node's nursery (the memory engine's connects in ``_served``, taskless)."""
+        app = site.app = App(site.spec.id)
+        stream = await open_tcp(Endpoint("tcp", "127.0.0.1", site.port))
+        await site.nursery.start(app.run, stream)
+        self._app_ready(site, ready)
 
     async def _dial(self, child: _Site) -> trio.abc.Stream:
         """The child's link to its current parent, once the link may exist."""
