@@ -254,8 +254,9 @@ class ParquetParts:
             if self._rest is None:
                 self._rest = pq.ParquetWriter(self.folder / REST_FILE, self._out_schema,
                                               compression="snappy")
-            self._rest.write_table(rest, row_group_size=max(len(rest), 1))
-            self._rest_rows += len(rest)
+            if len(rest):   # an empty row group makes Spark's reader warn, once per split
+                self._rest.write_table(rest, row_group_size=len(rest))
+                self._rest_rows += len(rest)
         if self._writer is None:
             name = part_name(len(self.parts))
             self._writer = pq.ParquetWriter(self.folder / name, self._out_schema,
