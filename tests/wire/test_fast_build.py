@@ -157,3 +157,21 @@ def test_a_length_mismatch_names_the_frame_it_is_in():
     item = len(cbor2.dumps([5, "s", "m"]))
     assert str(info.value.message) == (f"CBOR item is {item} bytes but the frame length "
                                        f"is {len(body)}")
+
+
+def test_builders_are_generated_for_the_frame_types_a_process_decodes():
+    """A type's builders are generated at its first decoded frame, not at import (each
+    process decodes a few of the types; issue #14's idle memory), and then kept."""
+    import subprocess
+    import sys
+
+    probe = ("from treefed.wire import codec\n"
+             "from treefed.wire.frames import Ack\n"
+             "before = len(codec._FAST)\n"
+             "codec._build([codec.CODES[Ack], 's', 'p:1'])\n"
+             "first = codec._FAST[codec.CODES[Ack]]\n"
+             "codec._build([codec.CODES[Ack], 's', 'p:2'])\n"
+             "print(before, len(codec._FAST), codec._FAST[codec.CODES[Ack]] is first)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["0", "1", "True"], out

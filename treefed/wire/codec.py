@@ -757,10 +757,21 @@ _DECODERS: dict[int, tuple[type, str, tuple[tuple[str, frozenset, Any], ...], in
     )
     for code, cls in BY_CODE.items()
 }
-#: code -> the generated builders of ``_fast_builders`` by item length (None: invalid).
-#: A float or bool equal to a code finds that code's builders too (``_FAST[21.0]``): each
-#: builder tests that its item's code is that int.
-_FAST: dict[int, tuple] = {code: _fast_builders(cls) for code, cls in BY_CODE.items()}
+class _Builders(dict):
+    """code -> the generated builders of ``_fast_builders`` by item length (None: invalid),
+    generated when a frame of that type is first decoded: a broker meets a few of the frame
+    types, and every type's builders at import added ~125 KiB to each process's idle
+    memory (issue #14: idle RSS <= 35 MiB).  A float or bool equal to a code finds that
+    code's builders too (``_FAST[21.0]``): each builder tests that its item's code is that
+    int.  An unknown code raises KeyError, an unhashable one TypeError (``_build``'s usual
+    path then names it)."""
+
+    def __missing__(self, code: Any) -> tuple:
+        builders = self[code] = _fast_builders(BY_CODE[code])
+        return builders
+
+
+_FAST: dict[int, tuple] = _Builders()
 
 
 def _build(item: Any) -> Frame:
