@@ -1,7 +1,7 @@
 """Issue #14: an Ack or a ForwardAck settles a run of messages (a read's worth under
 load) -- at every hop of HQ -> region -> store.  ``Broker._settle_many`` books each
 stretch of one destination's messages once, with exactly the books and actions that
-``_settle`` of each message in turn gives."""
+settling each message on its own gives."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def _settle_state(b: Broker) -> tuple:
             b._mem, b._paged, dict(b._dups.held), [d.name for d in b._blocked.room])
 
 
-def test_settle_many_is_settle_of_each_in_turn():
+def test_a_run_settles_as_each_message_on_its_own():
     rng = random.Random(1414)
     for _ in range(30):
         seed = rng.random()
@@ -79,7 +79,7 @@ def test_settle_many_is_settle_of_each_in_turn():
         one, many = pair
         out_one: list = []
         for m in msgs_of[0]:
-            one._settle(m, out_one, True)
+            one._settle_many([m], out_one, True)
         out_many: list = []
         many._settle_many(msgs_of[1], out_many, True)
         assert out_many == out_one

@@ -883,7 +883,7 @@ class Broker:
                 and not d.topic \
                 and self._waiting_bytes(d) + size > self.queue_memory_bytes \
                 and self._may_pause(cs, d):
-            self._blocked.block(cs, d)   # waits for room: _settle & co call note_room
+            self._blocked.block(cs, d)   # waits for room: _settle_many & co call note_room
             return False
         d.enqueued += 1
         d.touched = now
@@ -1208,31 +1208,15 @@ class Broker:
 
     # ------------------------------------------------------------------ acks
 
-    def _settle(self, m: Message, out: list, consumed: bool = False) -> None:
-        """A consumer finished with ``m``: it leaves its destination for good.
-        ``consumed``: a local consumer's ack (the store remembers the id, see restore)."""
-        d = self._dests.get(m.dst)
-        if d is None:
-            return
-        d.inflight -= 1
-        d.dequeued += 1
-        if not d.topic:
-            self._dups.release(m.id)
-            size = msg_size(m)
-            d.bytes -= size
-            self._mem -= size
-            if type(m.body) is Paged:
-                self._paged -= len(m.body)
-            if m.persistent and d.stored:
-                out.append(DeleteMessage(m.id, d.name, consumed))
-            if d.blocked:
-                self._blocked.note_room(d)
-
     def _settle_many(self, msgs: list, out: list, consumed: bool = False) -> None:
-        """``_settle`` of each message in turn -- the same books, the same actions in the
-        same order -- with each stretch of one destination's messages booked once.  An
-        Ack or a ForwardAck settles a read's worth of messages; per message ``_settle``
-        + ``release`` + ``msg_size`` were ~100 bytecodes, mostly calls (issue #14)."""
+        """Consumers finished with ``msgs``: each leaves its destination for good (its
+        in-flight count, bytes and memory booked, its duplicate hold released, a stored
+        one's DeleteMessage appended to ``out`` in order; ``consumed``: a local
+        consumer's ack, the store remembers the id, see restore).  Each stretch of one
+        destination's messages is booked once -- the same books and actions as one
+        message at a time (tests/core/test_settle_runs.py).  An Ack or a ForwardAck
+        settles a read's worth of messages; per message a ``_settle`` + ``release`` +
+        ``msg_size`` were ~100 bytecodes, mostly calls (issue #14)."""
         dests = self._dests
         dups = self._dups
         held = dups.held
@@ -1329,7 +1313,7 @@ class Broker:
             if m is not None:
                 settled.append(m)
                 freed[c] = None
-        self._settle_many(settled, out)   # as _settle of each, in this order (#14)
+        self._settle_many(settled, out)   # in this order (#14)
         for c in freed:
             if cs.consumers.get(c.sub_id) is c:
                 self._credit_returned(c, now, out)
