@@ -76,7 +76,10 @@ def test_freezing_moves_the_live_objects_out_of_every_generation():
     pass afterwards walks only what was made since."""
     try:
         frozen = gcwatch.freeze_start_up()
-        assert frozen == gc.get_freeze_count() > 1_000
+        # what it froze; a frozen object another thread of this process (a worker, the
+        # shared Spark session's py4j threads) frees meanwhile leaves the permanent
+        # generation (CI once read 278,582 of 278,584)
+        assert frozen > 1_000 and frozen - 100 <= gc.get_freeze_count() <= frozen
         assert sum(len(gc.get_objects(g)) for g in range(3)) < frozen // 10
     finally:
         gc.unfreeze()
