@@ -39,9 +39,9 @@ per-connection order hold (the site task waits on the inbox only after handling 
 took).  Chunks that arrive together (several readers woken by one poll) fall within the
 gap of a batch that committed and go to the site task, which groups them into one commit
 — and from then on, for ``CROWDED_S`` (renewed while chunks keep arriving together or
-finding the site task in a batch that waits on the store), every chunk goes to the site
-task, so concurrent senders keep the group commit they had.  A batch that committed
-nothing opens no gap, and a chunk that finds the site task merely runnable does not renew
+finding the site task busy while batches commit), every chunk goes to the site task, so
+concurrent senders keep the group commit they had.  A batch that committed nothing opens
+no gap, and a chunk that finds the site task runnable after such a batch does not renew
 the hold (issue #14, session 8): at 1,000 msgs/s a consumer's Ack arrives right after the
 batch that delivered its message, and counting it as "together" sent a quarter of the lone
 messages (a chain's hops: most of them) through the site task, with no commit to share.
@@ -230,9 +230,9 @@ INLINE_MAX_FRAMES = 8
 ACK_HOLD_S = 0.005
 ACK_HOLD_IDS = 256
 #: Once chunks were seen arriving together (within ``INLINE_GAP_S`` of a committing
-#: batch's end, or while a batch waited on the store), every chunk goes to the site task
-#: for this many seconds (renewed while it goes on): concurrent senders keep their group
-#: commit.
+#: batch's end, or finding the site task busy while batches commit), every chunk goes to
+#: the site task for this many seconds (renewed while it goes on): concurrent senders keep
+#: their group commit.
 CROWDED_S = 0.01
 
 _EOF = object()          # inbox marker: the peer closed or the socket broke
@@ -506,6 +506,7 @@ class BrokerNode:
         self._stopped = trio.Event()
         self._batch_lock = trio.Lock()  # held while a batch is handled and committed
         self._batch_end = 0.0       # perf_counter() when the last committing batch ended
+        self._committed = False     # the last batch committed (store work to share)
         self._crowded = 0.0         # perf_counter() until which chunks go to the site task
         self._held: dict = {}       # connections holding ForwardAck ids (ACK_HOLD_S)
         self._site_wait: trio.CancelScope | None = None  # the site task's idle wait
@@ -743,8 +744,8 @@ class BrokerNode:
                     # next chunk goes below
                     inbox.send_nowait((c, frames))
                     continue
-                if self._batch_lock.locked():   # a batch awaits the store: crowded
-                    self._crowded = time.perf_counter() + CROWDED_S
+                if self._committed or self._batch_lock.locked():   # the site task is
+                    self._crowded = time.perf_counter() + CROWDED_S  # busy with commits
                 # a checkpoint per chunk: the site task's batch stays one chunk's worth
                 # per reader, so a pipelining client's answers cannot outgrow the
                 # connection's high water within one batch (send_nowait here overflowed
@@ -781,7 +782,8 @@ class BrokerNode:
                            conns=[c.id])
         finally:
             self._batch_lock.release()
-            if self.commits != commits:   # only a commit is worth sharing (#14, s8)
+            self._committed = self.commits != commits   # only a commit is worth sharing
+            if self._committed:                         # (issue #14, session 8)
                 self._batch_end = time.perf_counter()
         waiting = self._site_wait
         if waiting is not None:   # timers: the site task sleeps until the old deadline
@@ -984,7 +986,8 @@ class BrokerNode:
                                conns=sorted({c.id for c, _ in batch}))
             finally:
                 self._batch_lock.release()
-                if self.commits != commits:   # see _inline_batch
+                self._committed = self.commits != commits   # see _inline_batch
+                if self._committed:
                     self._batch_end = time.perf_counter()
 
     def _next_deadline(self) -> float | None:
