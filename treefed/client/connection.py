@@ -11,7 +11,11 @@ Application calls never touch the socket:
   which encodes everything queued (``encode_many``) and makes ONE ``send_all`` — a
   producer loop costs one syscall per batch, not per message; a synchronous persistent
   send (it waits for its receipt anyway) writes its frame itself when the writer is idle
-  (``FramedStream.send_now``), a task hop less per round trip (issue #14);
+  (``FramedStream.send_now``), a task hop less per round trip (issue #14); so does a
+  *lone* send — nothing queued, the previous send ``_LONE_GAP_S`` ago or more (a paced
+  producer, a till sending one price change): it leaves now, not at the task's next
+  yield through the writer (issue #14, session 8: a hop less of a message's latency),
+  while a producer loop's sends, microseconds apart, still go in one ``send_all``;
 * the reader decodes every frame of each received chunk and routes it: ``Deliver`` to
   its Subscription's queue, ``Receipt`` / ``Error(ref)`` to the request waiting for it,
   ``StatReply`` to the FIFO of stat waiters, replies to ``request()`` by correlation id.
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 import re
 import secrets
 import ssl
@@ -84,6 +89,10 @@ _STAT_REF = "stat"
 #: A producer that does not wait yields to the writer once this many frames are queued:
 #: big enough to amortise a send_all, small enough to keep the pipeline moving.
 _WRITE_BATCH = 256
+#: A send that does not wait, finds nothing queued and comes at least this long after the
+#: previous send is written at once by the sending task (a lone message waits for no
+#: batch and no writer wake-up); sends closer together are queued for one ``send_all``.
+_LONE_GAP_S = 0.0001
 #: A cumulative ack is sent (the consumer yields to the writer) once it covers
 #: 1/_ACK_DIVISOR of the prefetch: credit flows back while the rest is worked through.
 _ACK_DIVISOR = 2
@@ -415,6 +424,7 @@ class Connection:
         self._room = trio.Event()                 # set when the writer took a full batch
         self._flushed = trio.Event()              # set when _out is empty and written
         self._writing = False                     # a send_all is in progress
+        self._sent_at = 0.0                       # perf_counter() of the last send
         # -- connection state
         self._gen = 0                             # socket generation, bumped per connect
         self._ready = trio.Event()                # set while a handshaken socket is live
@@ -479,7 +489,8 @@ class Connection:
 
         A send that does not wait for a receipt returns once queued: the frame leaves
         when this task next yields (it yields by itself every 256 queued frames, so the
-        writer sends big batches) or at ``flush()``."""
+        writer sends big batches) or at ``flush()`` — or at once when it is lone
+        (nothing queued, no send in the last ``_LONE_GAP_S``)."""
         out = self._out
         if (self._closed is not None or not self._ready.is_set() or len(out) >= self._high_water
                 or (persistent and len(self._unconfirmed) >= self._max_unconfirmed)):
@@ -495,9 +506,20 @@ class Connection:
                     break
             out = self._out
         wait = persistent and confirm is not False
+        lone = False
+        if not wait:
+            now = time.perf_counter()
+            lone = not out and now - self._sent_at >= _LONE_GAP_S
+            self._sent_at = now
         msg_id = self._send_frame(dst, body, headers, persistent, priority, ttl, reply_to,
-                                  msg_id, wake=not wait)
-        if wait:
+                                  msg_id, wake=not (wait or lone))
+        if lone:
+            # nothing queued and nothing sent just before: written now, from this task,
+            # when the writer is idle (else the writer sends it, as any other)
+            if not self._write_now():
+                self._wake.set()
+            await trio.lowlevel.checkpoint_if_cancelled()
+        elif wait:
             waiter = self._receipt_waiters[msg_id] = _Waiter()
             # we wait for the receipt anyway: write the frame now, from this task, when
             # the writer is idle -- no writer wake-up per synchronous send (issue #14)
