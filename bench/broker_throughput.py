@@ -29,7 +29,10 @@ What it measures (one JSON line on stdout):
   offered at 1,000 msgs/s (producer send time in a header; CLOCK_MONOTONIC is shared
   by the processes; evenly paced, bench/pacing.py), next to the bare relay's at the same
   rate; ``broker_gc_passes_per_1000_at_1000`` / ``broker_gc_pause_max_ms``: the broker's
-  GC passes per generation during that phase and its longest pauses (node/gcwatch.py).
+  GC passes per generation during that phase and its longest pauses (node/gcwatch.py);
+  ``*_cpu_us_per_msg_at_1000`` and ``broker_ctx_switches_per_msg_at_1000`` (voluntary +
+  involuntary, all its threads, /proc): what each message costs at that rate, mostly
+  wake-ups — counts that a loaded machine's tails do not blur (issue #14).
 * ``*_cpu_us_per_msg`` — CPU time of the middle process per message.  When other work
   shares the CPUs the rates drop, but CPU per message barely moves.
 
@@ -76,6 +79,21 @@ ACTIVEMQ_SINGLE_P_SYNC = 3_508
 def _cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def _ctx_switches(pid: int) -> int:
+    """Context switches (voluntary + involuntary) of every thread of ``pid`` so far;
+    0 where /proc is missing."""
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/status") as status:
+                for line in status:   # voluntary_ctxt_switches, nonvoluntary_...
+                    if "ctxt_switches:" in line:
+                        total += int(line.split()[1])
+    except OSError:
+        return 0
+    return total
 
 
 def _broker_proc(data_dir: str, ready: mp.Queue, ctl: Connection) -> None:
@@ -435,7 +453,9 @@ def main(argv: list[str] | None = None) -> int:
             lone = run_lone_phase(ctx, broker, args.sync_count)
             floors.append(disk_floor.measure(data_dir, floor_n))
             gc0 = broker.gc()
+            switches = _ctx_switches(broker.proc.pid)
             lp = run_broker_phase(ctx, broker, lat_count, rate=1000.0)
+            switches = _ctx_switches(broker.proc.pid) - switches
             gc1 = broker.gc()
         finally:
             broker.close()
@@ -492,6 +512,10 @@ def main(argv: list[str] | None = None) -> int:
             round((b - a) / lat_count * 1000, 2)
             for a, b in zip(gc0["passes"], gc1["passes"])],
         "broker_gc_pause_max_ms": gc1["pause_max_ms"],
+        "broker_cpu_us_per_msg_at_1000": round(lp["broker_cpu"] / lat_count * 1e6, 1),
+        "producer_cpu_us_per_msg_at_1000": round(lp["producer_cpu"] / lat_count * 1e6, 1),
+        "consumer_cpu_us_per_msg_at_1000": round(lp["consumer_cpu"] / lat_count * 1e6, 1),
+        "broker_ctx_switches_per_msg_at_1000": round(switches / lat_count, 2),
         "baseline_p50_ms_at_1000": relay_p50,
         "baseline_p99_ms_at_1000": relay_p99,
         "relay_cpu_us_per_msg": round(relay_cpu, 2),

@@ -16,7 +16,8 @@ store (prefetch 1000, one ack per message, merged by the client):
   phase and its longest pauses (``stat``'s ``gc``, node/gcwatch.py);
 * per broker: RSS at idle (once the broker's idle trim ran), right after the run and
   settled (idle again, trimmed) (VmRSS), and CPU µs per message of each phase
-  (utime + stime from /proc);
+  (utime + stime from /proc) and context switches per message of each phase (all
+  threads, /proc; ``lat_ctx_switches_per_msg``: the wake-ups a paced message costs);
 * ``disk_floor`` — the disk's own floor in the same run and directory
   (``bench/disk_floor.py``: ``fdatasync`` and one ``SqliteStore`` commit, before and
   after the rounds): a persistent message one at a time through three stores waits for
@@ -110,6 +111,19 @@ def _proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _ctx_switches(pid: int) -> int:
+    """Context switches (voluntary + involuntary) of every thread of ``pid`` so far."""
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+                if "ctxt_switches:" in line:   # voluntary_..., nonvoluntary_...
+                    total += int(line.split()[1])
+    except OSError:   # a thread ended meanwhile
+        pass
+    return total
+
+
 def _rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -177,6 +191,9 @@ class Chain:
 
     def cpu(self) -> dict[str, float]:
         return {n: _proc_cpu(p.pid) for n, p in self.procs.items()}
+
+    def switches(self) -> dict[str, int]:
+        return {n: _ctx_switches(p.pid) for n, p in self.procs.items()}
 
     def rss(self) -> dict[str, float]:
         return {n: _rss_mib(p.pid) for n, p in self.procs.items()}
@@ -385,6 +402,7 @@ async def _phase(chain: Chain, prod, sub, n: int, kind: str, tag: str) -> dict:
     if rate:
         pacing.settle_heap()   # the driver keeps every earlier phase: not walked again
     cpu0 = chain.cpu()
+    switches0 = chain.switches()
     start = time.monotonic()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(consume)
@@ -406,7 +424,11 @@ async def _phase(chain: Chain, prod, sub, n: int, kind: str, tag: str) -> dict:
         with trio.fail_after(120):
             await done.wait()
     cpu1 = chain.cpu()
-    out = {"cpu_us_per_msg": {b: round((cpu1[b] - cpu0[b]) / n * 1e6, 1) for b in cpu0}}
+    switches1 = chain.switches()
+    out = {"cpu_us_per_msg": {b: round((cpu1[b] - cpu0[b]) / n * 1e6, 1) for b in cpu0},
+           # wake-ups per message (issue #14): a count a loaded machine's tails do not blur
+           "ctx_switches_per_msg": {b: round((switches1[b] - switches0[b]) / n, 2)
+                                    for b in switches0}}
     if rate:
         skip = n // 10
         out["e2e"] = _q_ms(e2e[skip:])
@@ -490,9 +512,11 @@ def _summary(rounds: dict[str, list[dict]], relay: list[dict]) -> dict:
         m["lat_p99_ms"] = _median([r["lat"]["e2e"]["p99"] for r in rs])
         m["lat_p_p50_ms"] = _median([r["lat_p"]["e2e"]["p50"] for r in rs])
         m["lat_p_p99_ms"] = _median([r["lat_p"]["e2e"]["p99"] for r in rs])
-        for kind in ("np", "p_pipe", "p_sync"):
+        for kind in ("np", "p_pipe", "p_sync", "lat"):
             m[f"{kind}_cpu_us_per_msg"] = {
                 b: _median([r[kind]["cpu_us_per_msg"][b] for r in rs]) for b in Chain.NAMES}
+        m["lat_ctx_switches_per_msg"] = {
+            b: _median([r["lat"]["ctx_switches_per_msg"][b] for r in rs]) for b in Chain.NAMES}
         m["rss_idle_mib"] = {b: _median([r["rss_idle_mib"][b] for r in rs])
                              for b in Chain.NAMES}
         m["rss_after_mib"] = {b: _median([r["rss_after_mib"][b] for r in rs])
