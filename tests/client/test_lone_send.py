@@ -65,8 +65,23 @@ async def test_a_lone_send_is_written_by_the_sender_not_the_writer(nursery, tmp_
     assert sent["now"] >= N, sent   # the producer's frames (and the broker's deliveries)
 
 
+class _TickingClock:
+    """``time`` for the client whose ``perf_counter`` moves 1 µs a call: a loop's sends
+    are microseconds apart whatever the machine's load (the OS may stop the process
+    between two sends for longer than ``_LONE_GAP_S``; a real loop then writes one more
+    frame early, which is harmless)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        self.now += 1e-6
+        return self.now
+
+
 async def test_a_producer_loops_sends_still_share_a_write(nursery, tmp_path, monkeypatch):
     node, uri = await start_node(nursery, make_config(tmp_path / "d"))
+    monkeypatch.setattr(conn_mod, "time", _TickingClock())
     async with connect(uri) as cons, connect(uri) as prod:
         sub = await cons.subscribe("queue://loop", prefetch=1000)
         await trio.sleep(0.01)
