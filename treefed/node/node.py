@@ -41,8 +41,9 @@ gap of a batch that committed and go to the site task, which groups them into on
 — and from then on, for ``CROWDED_S`` (renewed while chunks keep arriving together or
 finding the site task busy while batches commit), every chunk goes to the site task, so
 concurrent senders keep the group commit they had.  A batch that committed nothing opens
-no gap, and a chunk that finds the site task runnable after such a batch does not renew
-the hold (issue #14, session 8): at 1,000 msgs/s a consumer's Ack arrives right after the
+no gap, and after such a batch neither a chunk that finds the site task runnable nor a
+big chunk (a paced producer's backlog after a stall; it still goes to the site task)
+starts or renews the hold (issue #14, session 8): at 1,000 msgs/s a consumer's Ack arrives right after the
 batch that delivered its message, and counting it as "together" sent a quarter of the lone
 messages (a chain's hops: most of them) through the site task, with no commit to share.
 The inline batch brings the site task's timer wait forward when it made an earlier
@@ -736,7 +737,8 @@ class BrokerNode:
                     if now - self._batch_end <= INLINE_GAP_S:
                         self._crowded = now + CROWDED_S   # chunks arrive together
                     elif len(frames) > INLINE_MAX_FRAMES:
-                        self._crowded = now + CROWDED_S   # a pipelining client's flood
+                        if self._committed:   # a pipelining client's flood of commits
+                            self._crowded = now + CROWDED_S
                     elif now > self._crowded and not self._batch_lock.locked():
                         await self._inline_batch(c, frames)   # no task hand-off at all
                         continue
