@@ -106,7 +106,14 @@ class TestStoreCursor:
                 done = trio.Event()
 
                 async def produce() -> None:
-                    await _send(uri, 0, 2000, persistent=False)
+                    # bodies the kernel's socket buffers cannot hold all of: 2,000 short
+                    # ones (~140 KB) fit in them, so the producer could "finish" while
+                    # parked and the check below raced the kernel (issue #14, session 8)
+                    async with connect(uri, client_id="cursor-producer") as producer:
+                        for i in range(2000):
+                            await producer.send(Q, str(i).encode().ljust(4096),
+                                                confirm=False)
+                        await producer.flush()
                     done.set()
 
                 async with connect(uri, client_id="cursor-consumer") as consumer:
