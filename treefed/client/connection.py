@@ -90,8 +90,9 @@ _STAT_REF = "stat"
 #: big enough to amortise a send_all, small enough to keep the pipeline moving.
 _WRITE_BATCH = 256
 #: A send that does not wait, finds nothing queued and comes at least this long after the
-#: previous send is written at once by the sending task (a lone message waits for no
-#: batch and no writer wake-up); sends closer together are queued for one ``send_all``.
+#: previous such send (or the last full batch handed to the writer) is written at once by
+#: the sending task (a lone message waits for no batch and no writer wake-up); sends
+#: closer together are queued for one ``send_all``.
 _LONE_GAP_S = 0.0001
 #: A cumulative ack is sent (the consumer yields to the writer) once it covers
 #: 1/_ACK_DIVISOR of the prefetch: credit flows back while the rest is worked through.
@@ -424,7 +425,9 @@ class Connection:
         self._room = trio.Event()                 # set when the writer took a full batch
         self._flushed = trio.Event()              # set when _out is empty and written
         self._writing = False                     # a send_all is in progress
-        self._sent_at = 0.0                       # perf_counter() of the last send
+        self._sent_at = 0.0                       # perf_counter() of the last send that
+        #                                           found nothing queued, or of the last
+        #                                           hand-off of a full batch to the writer
         # -- connection state
         self._gen = 0                             # socket generation, bumped per connect
         self._ready = trio.Event()                # set while a handshaken socket is live
@@ -507,9 +510,9 @@ class Connection:
             out = self._out
         wait = persistent and confirm is not False
         lone = False
-        if not wait:
+        if not wait and not out:   # (a producer loop's other sends read no clock)
             now = time.perf_counter()
-            lone = not out and now - self._sent_at >= _LONE_GAP_S
+            lone = now - self._sent_at >= _LONE_GAP_S
             self._sent_at = now
         msg_id = self._send_frame(dst, body, headers, persistent, priority, ttl, reply_to,
                                   msg_id, wake=not (wait or lone))
@@ -529,7 +532,9 @@ class Connection:
         elif not len(out) % _WRITE_BATCH:
             # Every 256 frames queued, let the writer take them.  Only then: while the
             # writer is busy in send_all, a yield per send would buy nothing but a pass
-            # of the scheduler (several microseconds) per message.
+            # of the scheduler (several microseconds) per message.  The writer takes
+            # them now: the loop's next send, finding nothing queued, is not lone.
+            self._sent_at = time.perf_counter()
             await trio.lowlevel.checkpoint()
         else:
             await trio.lowlevel.checkpoint_if_cancelled()
