@@ -516,7 +516,8 @@ def _summary(rounds: dict[str, list[dict]], relay: list[dict]) -> dict:
             m[f"{kind}_cpu_us_per_msg"] = {
                 b: _median([r[kind]["cpu_us_per_msg"][b] for r in rs]) for b in Chain.NAMES}
         m["lat_ctx_switches_per_msg"] = {
-            b: _median([r["lat"]["ctx_switches_per_msg"][b] for r in rs]) for b in Chain.NAMES}
+            b: _median([r["lat"]["ctx_switches_per_msg"][b] for r in rs])
+            for b in Chain.NAMES}
         m["rss_idle_mib"] = {b: _median([r["rss_idle_mib"][b] for r in rs])
                              for b in Chain.NAMES}
         m["rss_after_mib"] = {b: _median([r["rss_after_mib"][b] for r in rs])

@@ -111,7 +111,8 @@ async def test_a_backlog_and_a_chunk_meeting_the_runnable_site_task_do_not_crowd
     ``INLINE_MAX_FRAMES``, which goes to the site task; another connection's chunk in the
     same poll finds the site task runnable.  With nothing to commit neither crowds the
     broker (base: each set the ``CROWDED_S`` hold, and at 1,000 msgs/s the next ten paced
-    messages went through the site task too), so the next lone send is its reader's batch."""
+    messages went through the site task too), so the next lone send is its reader's
+    batch."""
     clock = _SetClock(1000.0)
     monkeypatch.setattr(node_mod, "time", clock)
     node, uri = await start_node(nursery, make_config(tmp_path / "d"))

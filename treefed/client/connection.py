@@ -48,10 +48,10 @@ from __future__ import annotations
 
 import math
 import random
-import time
 import re
 import secrets
 import ssl
+import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
