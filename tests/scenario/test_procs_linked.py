@@ -10,6 +10,7 @@ starting the plan at its first step makes that race certain instead of load-depe
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,28 @@ def test_every_link_is_up_before_the_first_step(monkeypatch: pytest.MonkeyPatch)
 class _Discard:
     def write(self, *args) -> None:
         pass
+
+
+async def test_a_proxy_whose_parent_refuses_drops_the_connection() -> None:
+    """Regression (s8 guard run at load 13-14: ``test_procs_matches_replay[tree]``): the
+    proxy dialled a parent the engine held alive but whose port refused the connection
+    (the broker process not listening yet, or already gone); ``open_tcp`` raised
+    RemoteError("unreachable"), which the proxy did not catch, and the engine's run ended.
+    A refused dial must end that one proxied connection, as a reset would: the child's
+    connector redials."""
+    import trio
+
+    from treefed.transport.ports import free_port
+
+    parent = SimpleNamespace(alive=True, port=free_port())     # nothing listens there
+    engine = SimpleNamespace(sites={"region": parent},
+                             topology=SimpleNamespace(broker=lambda _: SimpleNamespace(
+                                 parent="region")))
+    proxy = procs._Proxy(engine, "store")
+    a, b = trio.socket.socketpair()
+    down, other = trio.SocketStream(a), trio.SocketStream(b)
+    with trio.fail_after(10):
+        await proxy._handle(down)          # raised RemoteError before the fix
+        assert await other.receive_some(1) == b""     # the child's side sees the close
+    assert not proxy._live
+    await other.aclose()

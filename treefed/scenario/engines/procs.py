@@ -50,7 +50,7 @@ from typing import Any, Callable
 import trio
 
 from treefed.config import dump_config
-from treefed.errors import LocalError
+from treefed.errors import LocalError, RemoteError
 from treefed.events import EVENTS
 from treefed.scenario.engines.common import RUNNER, broker_info, run_fields, run_params
 from treefed.scenario.engines.live import App, apply_traffic, site_config
@@ -135,7 +135,9 @@ class _Proxy:
                     nursery.start_soon(_pump, down, up, nursery.cancel_scope)
                     nursery.start_soon(_pump, up, down, nursery.cancel_scope)
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
-                    LocalError):
+                    LocalError, RemoteError):
+                # RemoteError: open_tcp's "unreachable" -- the parent held alive refused
+                # (not listening yet, or just gone); like a reset, the child redials
                 pass
             finally:
                 self._live.discard(scope)
