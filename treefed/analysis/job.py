@@ -810,6 +810,11 @@ def _session(args: argparse.Namespace) -> tuple[SparkSession, bool]:
         # is compiled anew, and run too briefly to repay C2); with C1 alone 52 s in all.
         # The collector: JIT_OPTIONS.
         builder = builder.config("spark.driver.extraJavaOptions", JIT_OPTIONS)
+        # Jobs from two threads share the task slots (passes.compute_passes runs the
+        # integer pass beside the string pass): under FIFO the first job's 44 tasks took
+        # both slots and the other waited.
+        builder = builder.config("spark.scheduler.mode", "FAIR") \
+            .config("spark.scheduler.allocation.file", str(SCHEDULER_POOLS))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     context = spark.sparkContext
@@ -830,6 +835,11 @@ def _session(args: argparse.Namespace) -> tuple[SparkSession, bool]:
         spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
     return spark, True
 
+
+#: The scheduler pools of a local session (FAIR between them): ``CODES_POOL`` is the
+#: integer pass's (passes.compute_passes).
+SCHEDULER_POOLS = Path(__file__).with_name("fairscheduler.xml")
+CODES_POOL = "treefed-codes"
 
 #: The local driver JVM's JIT and GC options (see _session).  -XX:-DontCompileHugeMethods: a
 #: generated method over HotSpot's 8,000 bytes is otherwise never compiled, and runs in the
