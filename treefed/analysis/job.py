@@ -57,6 +57,7 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -965,15 +966,20 @@ def main(argv: list[str] | None = None) -> int:
             tables.release()
             _refuse(verdict)
             return 2
-        # The two small tables are written from what was collected, not recomputed.
-        for name, frame in (
-                ("runs", spark.createDataFrame([tuple(r[f.name] for f in runs_schema.fields)
-                                                for r in runs], runs_schema)),
-                ("per_role", spark.createDataFrame(
-                    [tuple(r[f.name] for f in roles_schema.fields) for r in role_rows],
-                    roles_schema)),
-                ("brokers", tables.brokers)):
-            frame.coalesce(1).write.mode("overwrite").parquet(f"{tables_dir}/{name}.parquet")
+        # The two small tables are written from what was collected, not recomputed; the
+        # three writes (a one-task Spark job each) at once, from threads.
+        frames = (
+            ("runs", spark.createDataFrame([tuple(r[f.name] for f in runs_schema.fields)
+                                            for r in runs], runs_schema)),
+            ("per_role", spark.createDataFrame(
+                [tuple(r[f.name] for f in roles_schema.fields) for r in role_rows],
+                roles_schema)),
+            ("brokers", tables.brokers))
+        with ThreadPoolExecutor(len(frames), thread_name_prefix="treefed-write") as pool:
+            for done in [pool.submit(frame.coalesce(1).write.mode("overwrite").parquet,
+                                     f"{tables_dir}/{name}.parquet")
+                         for name, frame in frames]:
+                done.result()
         tables.release()
         job_s = time.perf_counter() - job_started
         roles = [dict(r) for r in role_rows]
