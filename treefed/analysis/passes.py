@@ -595,34 +595,30 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
     with ThreadPoolExecutor(1, thread_name_prefix="treefed-pass") as helper:
         summaries = helper.submit(
             lambda: [r.asDict() for r in job.read_summaries(spark, paths).collect()])
+        by_consumer = hot = None
+        if coded:
+            # its own session: the ~1 MB read splits (_split_session) for its scans only
+            split = _split_session(spark)
+            _, every = _read(split, paths, coded, json_only)
+            # needs nothing of pass 1: beside it (pass 1 is mostly the JVM's warm-up,
+            # planning and generating code on one thread)
+            by_consumer = helper.submit(_in_pool, spark, consumer_facts(every).toArrow)
         dims = dimensions(events).persist(StorageLevel.MEMORY_AND_DISK)
         cached.append(dims)
         # Arrow, not collect(): Row objects cost ~2 s of the driver's Python for make
         # run's dimension rows (the same values: strings, longs, nulls)
         dim_rows = dims.toArrow().to_pylist()
-        step(f"pass 1 (dimensions, {len(dim_rows):,} rows; and the summaries)")
+        step(f"pass 1 (dimensions, {len(dim_rows):,} rows; the summaries and "
+             "consumer facts beside it)")
         info = {r["run"]: r for r in dim_rows if r["kind"] == "start"}
         roles = {(r["run"], r["broker"]): r for r in dim_rows if r["kind"] == "info"}
         tree_runs = sorted(run for run, r in info.items()
                            if r["mode"] is not None and r["mode"].lower().startswith("tree"))
         covered = _interest(dim_rows)
-        codes = None
         if coded:
-            # its own session: the ~1 MB read splits (_split_session) for its scans only
-            split = _split_session(spark)
             code_interest, stores = _code_tables(split, coded, dim_rows, covered, roles)
-            _, every = _read(split, paths, coded, json_only)
-
-            def integer_pass() -> tuple:
-                # its own scheduler pool (job._session): FAIR with the string pass's jobs
-                spark.sparkContext.setLocalProperty("spark.scheduler.pool", job.CODES_POOL)
-                try:
-                    return (hot_facts(every, code_interest, stores).toArrow(),
-                            consumer_facts(every).toArrow())
-                finally:
-                    spark.sparkContext.setLocalProperty("spark.scheduler.pool", None)
-
-            codes = helper.submit(integer_pass)
+            hot = helper.submit(_in_pool, spark,
+                                hot_facts(every, code_interest, stores).toArrow)
         interest = dims.where(F.col("kind") == "send").select("run", "broker", "dst")
         extra = [(run, b, d) for run, pairs in covered.items() for b, d in sorted(pairs)]
         if extra:
@@ -632,21 +628,31 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
 
         table = facts(parsed, interest, role_frame, tree_runs).toArrow()
         step(f"pass 2 by strings ({table.num_rows:,} fact rows)"
-             + ("; the integer pass beside it" if codes is not None else ""))
+             + ("; the integer pass beside it" if coded else ""))
 
         def coded_rows() -> Iterator[tuple]:
-            if codes is None:
+            if hot is None or by_consumer is None:
                 return
-            hot, by_consumer = codes.result()
-            step(f"pass 2 by codes ({hot.num_rows:,} + {by_consumer.num_rows:,} rows), "
-                 "after the string pass's rows were counted")
-            yield from _hot_rows(hot, coded)
-            yield from _consumer_rows(by_consumer, coded)
+            hot_table, consumer_table = hot.result(), by_consumer.result()
+            step(f"pass 2 by codes ({hot_table.num_rows:,} + {consumer_table.num_rows:,} "
+                 "rows), after the string pass's rows were counted")
+            yield from _hot_rows(hot_table, coded)
+            yield from _consumer_rows(consumer_table, coded)
 
         out = _assemble(spark, itertools.chain(_fact_rows(table), coded_rows()), info,
                         roles, summaries.result(), cached)
     step("assembly and the runs frame")
     return out
+
+
+def _in_pool(spark: SparkSession, action):
+    """``action()`` with this thread's Spark jobs in the integer pass's scheduler pool
+    (job._session: FAIR with the main thread's jobs in a local session)."""
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", job.CODES_POOL)
+    try:
+        return action()
+    finally:
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", None)
 
 
 #: Read splits of the coded parts' scans (``_split_session``): a coded advisory row is
