@@ -616,9 +616,10 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
                            if r["mode"] is not None and r["mode"].lower().startswith("tree"))
         covered = _interest(dim_rows)
         if coded:
-            code_interest, stores = _code_tables(split, coded, dim_rows, covered, roles)
-            hot = helper.submit(_in_pool, spark,
-                                hot_facts(every, code_interest, stores).toArrow)
+            # the code tables' Python (~1 s for make run) in the helper too: the string
+            # pass below starts at once
+            hot = helper.submit(_in_pool, spark, lambda: hot_facts(
+                every, *_code_tables(split, coded, dim_rows, covered, roles)).toArrow())
         interest = dims.where(F.col("kind") == "send").select("run", "broker", "dst")
         extra = [(run, b, d) for run, pairs in covered.items() for b, d in sorted(pairs)]
         if extra:
@@ -631,13 +632,16 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
              + ("; the integer pass beside it" if coded else ""))
 
         def coded_rows() -> Iterator[tuple]:
+            # the consumer facts (done during pass 1) are counted while hot_facts runs
+            # (_assemble's sums and sets do not depend on the rows' order)
             if hot is None or by_consumer is None:
                 return
-            hot_table, consumer_table = hot.result(), by_consumer.result()
-            step(f"pass 2 by codes ({hot_table.num_rows:,} + {consumer_table.num_rows:,} "
-                 "rows), after the string pass's rows were counted")
-            yield from _hot_rows(hot_table, coded)
+            consumer_table = by_consumer.result()
             yield from _consumer_rows(consumer_table, coded)
+            hot_table = hot.result()
+            step(f"pass 2 by codes ({hot_table.num_rows:,} + {consumer_table.num_rows:,} "
+                 "rows), after the string pass's and consumer facts' rows were counted")
+            yield from _hot_rows(hot_table, coded)
 
         out = _assemble(spark, itertools.chain(_fact_rows(table), coded_rows()), info,
                         roles, summaries.result(), cached)
