@@ -73,7 +73,7 @@ import time
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -569,7 +569,14 @@ def _coded(paths: list[str], json_only: frozenset[str]) -> dict[str, RunCodes]:
 
 def compute_passes(spark: SparkSession, paths: list[str], *,
                    json_only: frozenset[str] = frozenset()) -> PassTables:
-    """The runs, per-role and brokers tables of job.compute, in two scans."""
+    """The runs, per-role and brokers tables of job.compute, in two scans.
+
+    What does not depend on another step runs beside it, from a helper thread (PySpark
+    pins each Python thread to its own JVM thread; Spark schedules the jobs side by
+    side): the summaries while pass 1 runs, the integer pass while the string pass runs
+    and while the driver's Python counts the string pass's rows.  On 2 cores one pass
+    alone leaves a task slot idle through its serial parts (planning, code generation, a
+    last long task, the collect and its conversion)."""
     coded = _coded(paths, json_only)
     parsed, every = _read(spark, paths, coded, json_only)
     cached: list[DataFrame] = []
@@ -585,68 +592,97 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
                               | (F.col("dst_code") < 0))
 
     step = _Steps(spark)
-    dims = dimensions(events).persist(StorageLevel.MEMORY_AND_DISK)
-    cached.append(dims)
-    # Arrow, not collect(): Row objects cost ~2 s of the driver's Python for make run's
-    # dimension rows (the same values: strings, longs, nulls)
-    dim_rows = dims.toArrow().to_pylist()
-    step(f"pass 1 (dimensions, {len(dim_rows):,} rows)")
-    info = {r["run"]: r for r in dim_rows if r["kind"] == "start"}
-    roles = {(r["run"], r["broker"]): r for r in dim_rows if r["kind"] == "info"}
-    tree_runs = sorted(run for run, r in info.items()
-                       if r["mode"] is not None and r["mode"].lower().startswith("tree"))
-    covered = _interest(dim_rows)
-    interest = dims.where(F.col("kind") == "send").select("run", "broker", "dst")
-    extra = [(run, b, d) for run, pairs in covered.items() for b, d in sorted(pairs)]
-    if extra:
-        interest = interest.unionByName(
-            spark.createDataFrame(extra, "run string, broker string, dst string"))
-    role_frame = dims.where(F.col("kind") == "info").select("run", "broker", "role")
+    with ThreadPoolExecutor(1, thread_name_prefix="treefed-pass") as helper:
+        summaries = helper.submit(
+            lambda: [r.asDict() for r in job.read_summaries(spark, paths).collect()])
+        by_consumer = hot = None
+        if coded:
+            # its own session: the ~1 MB read splits (_split_session) for its scans only
+            split = _split_session(spark)
+            _, every = _read(split, paths, coded, json_only)
+            # needs nothing of pass 1: beside it (pass 1 is mostly the JVM's warm-up,
+            # planning and generating code on one thread)
+            by_consumer = helper.submit(_in_pool, spark, consumer_facts(every).toArrow)
+        dims = dimensions(events).persist(StorageLevel.MEMORY_AND_DISK)
+        cached.append(dims)
+        # Arrow, not collect(): Row objects cost ~2 s of the driver's Python for make
+        # run's dimension rows (the same values: strings, longs, nulls)
+        dim_rows = dims.toArrow().to_pylist()
+        step(f"pass 1 (dimensions, {len(dim_rows):,} rows; the summaries and "
+             "consumer facts beside it)")
+        info = {r["run"]: r for r in dim_rows if r["kind"] == "start"}
+        roles = {(r["run"], r["broker"]): r for r in dim_rows if r["kind"] == "info"}
+        tree_runs = sorted(run for run, r in info.items()
+                           if r["mode"] is not None and r["mode"].lower().startswith("tree"))
+        covered = _interest(dim_rows)
+        if coded:
+            # the code tables' Python (~1 s for make run) in the helper too: the string
+            # pass below starts at once
+            hot = helper.submit(_in_pool, spark, lambda: hot_facts(
+                every, *_code_tables(split, coded, dim_rows, covered, roles)).toArrow())
+        interest = dims.where(F.col("kind") == "send").select("run", "broker", "dst")
+        extra = [(run, b, d) for run, pairs in covered.items() for b, d in sorted(pairs)]
+        if extra:
+            interest = interest.unionByName(
+                spark.createDataFrame(extra, "run string, broker string, dst string"))
+        role_frame = dims.where(F.col("kind") == "info").select("run", "broker", "role")
 
-    table = facts(parsed, interest, role_frame, tree_runs).toArrow()
-    step(f"pass 2 by strings ({table.num_rows:,} fact rows)")
-    rows = _fact_rows(table)
-    if coded:
-        code_interest, stores = _code_tables(spark, coded, dim_rows, covered, roles)
-        with _splits(spark):
-            hot = hot_facts(every, code_interest, stores).toArrow()
-            by_consumer = consumer_facts(every).toArrow()
-        step(f"pass 2 by codes ({hot.num_rows:,} + {by_consumer.num_rows:,} rows)")
-        rows = itertools.chain(rows, _hot_rows(hot, coded),
-                               _consumer_rows(by_consumer, coded))
-    summaries = [r.asDict() for r in job.read_summaries(spark, paths).collect()]
-    step("summaries")
-    out = _assemble(spark, rows, info, roles, summaries, cached)
+        table = facts(parsed, interest, role_frame, tree_runs).toArrow()
+        step(f"pass 2 by strings ({table.num_rows:,} fact rows)"
+             + ("; the integer pass beside it" if coded else ""))
+
+        def coded_rows() -> Iterator[tuple]:
+            # the consumer facts (done during pass 1) are counted while hot_facts runs
+            # (_assemble's sums and sets do not depend on the rows' order)
+            if hot is None or by_consumer is None:
+                return
+            consumer_table = by_consumer.result()
+            yield from _consumer_rows(consumer_table, coded)
+            hot_table = hot.result()
+            step(f"pass 2 by codes ({hot_table.num_rows:,} + {consumer_table.num_rows:,} "
+                 "rows), after the string pass's and consumer facts' rows were counted")
+            yield from _hot_rows(hot_table, coded)
+
+        out = _assemble(spark, itertools.chain(_fact_rows(table), coded_rows()), info,
+                        roles, summaries.result(), cached)
     step("assembly and the runs frame")
     return out
 
 
-#: Read splits of the coded parts' scans (``_splits``): a coded advisory row is ~1.4
-#: bytes of Parquet, so Spark's default packing (128 MB, 4 MB per file opened) put make
-#: run's 15.9 M rows in 3 tasks, two of them with 14.4 M rows: one core did most of it.
+def _in_pool(spark: SparkSession, action):
+    """``action()`` with this thread's Spark jobs in the integer pass's scheduler pool
+    (job._session: FAIR with the main thread's jobs in a local session)."""
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", job.CODES_POOL)
+    try:
+        return action()
+    finally:
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", None)
+
+
+#: Read splits of the coded parts' scans (``_split_session``): a coded advisory row is
+#: ~1.4 bytes of Parquet, so Spark's default packing (128 MB, 4 MB per file opened) put
+#: make run's 15.9 M rows in 3 tasks, two of them with 14.4 M rows: one core did most of it.
 _CODED_SPLIT_BYTES = 1 << 20
 _CODED_OPEN_BYTES = 1 << 18
 
 
-@contextmanager
-def _splits(spark: SparkSession) -> Iterator[None]:
-    """Within: the file scans planned split the coded parts in ~1 MB pieces (row groups),
-    unless the Spark configuration (``--conf``) sets either split size; the session's
-    values are restored after."""
+def _split_session(spark: SparkSession) -> SparkSession:
+    """A session of the same SparkContext and SQL settings whose file scans split the
+    coded parts in ~1 MB pieces (row groups), unless the Spark configuration (``--conf``)
+    sets either split size.  Its own session, so a scan the string pass plans meanwhile
+    keeps the default splits (87 rest-file tasks cost +2 s CPU of per-task overhead)."""
+    split = spark.newSession()
+    for k, v in spark.conf.getAll.items():
+        if k.startswith("spark.sql.") and split.conf.isModifiable(k) \
+                and split.conf.get(k, None) != v:
+            split.conf.set(k, v)
     conf = spark.sparkContext.getConf()
     keys = {"spark.sql.files.maxPartitionBytes": _CODED_SPLIT_BYTES,
             "spark.sql.files.openCostInBytes": _CODED_OPEN_BYTES}
-    if any(conf.contains(k) for k in keys):
-        yield
-        return
-    before = {k: spark.conf.get(k) for k in keys}
-    for k, v in keys.items():
-        spark.conf.set(k, str(v))
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            spark.conf.set(k, v)
+    if not any(conf.contains(k) for k in keys):
+        for k, v in keys.items():
+            split.conf.set(k, str(v))
+    return split
 
 
 class _Steps:
@@ -867,9 +903,14 @@ def _assemble(spark: SparkSession, rows: Iterable[tuple], info: dict, roles: dic
 
     runs, runs_schema = _runs_rows(spark, lines, summaries, info, per_run)
     role_rows = _role_rows(brokers, roles, info)
+    # Arrow columns, not Python rows: make run's 46,116 brokers took ~1 s of the driver's
+    # Python to verify and pickle one row at a time
+    keys = list(brokers)
+    columns = [pa.array([run for run, _ in keys], pa.string()),
+               pa.array([broker for _, broker in keys], pa.string())]
+    columns += [pa.array([brokers[k][c] for k in keys], pa.int64()) for c in BROKER_COLUMNS[2:]]
     broker_frame = spark.createDataFrame(
-        [(run, broker, *(m[c] for c in BROKER_COLUMNS[2:]))
-         for (run, broker), m in brokers.items()], BROKER_SCHEMA)
+        pa.Table.from_arrays(columns, names=list(BROKER_COLUMNS)), BROKER_SCHEMA)
     return PassTables(runs=runs, runs_schema=runs_schema, per_role=role_rows,
                       brokers=broker_frame, cached=tuple(cached))
 
