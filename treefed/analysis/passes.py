@@ -480,10 +480,16 @@ def _hot(parsed: DataFrame) -> Column:
 
 
 def hot_facts(parsed: DataFrame, interest: DataFrame, stores: DataFrame) -> DataFrame:
-    """The P (and S) sums of ``facts`` for the coded HOT_EVENTS rows, by integers: (run_key,
-    broker_code, code, ts of an advisory.sent) -> n.  ``interest``: (run_key, broker_code,
-    dst_code) a broker sends to; ``stores``: (run_key, code) of the brokers that are stores
-    (job._store)."""
+    """What the P (and S, T) sums of ``facts`` need of the coded HOT_EVENTS rows, by
+    integers: (run_key, broker_code, event_code, ts of an advisory.sent or
+    demand.created, ``useful``, ``from_store``) -> count.  ``useful``: the broker sends
+    to the destination of its advisory.received add or demand.created (``interest``:
+    (run_key, broker_code, dst_code)); ``from_store``: such an advisory's origin is a
+    store (``stores``: (run_key, code) of the brokers that are, job._store).  The count
+    bits of facts' P code and whether the broker itself is a store are worked out on
+    the driver (``_hot_rows``) over these grouped rows: per row, two joins and a hash
+    aggregate are all the JVM does (a third join and the code's arithmetic over every
+    row cost ~4 of 11 CPU s on make run's 15.2 M hot rows)."""
     from treefed.scenario.parquet_parts import EVENT_CODES
 
     event = F.shiftright(F.col("event_code"), 1)
@@ -492,39 +498,23 @@ def hot_facts(parsed: DataFrame, interest: DataFrame, stores: DataFrame) -> Data
     received = add & (event == EVENT_CODES.index("advisory.received"))
     created = event == EVENT_CODES.index("demand.created")
     rows = parsed.where(_hot(parsed)).select(
-        "run_key", "broker_code", "ts", sent.alias("sent"), (add & sent).alias("frame"),
-        received.alias("received"), created.alias("created"),
-        F.when(received, F.col("broker_code")).alias("j_broker"),
+        "run_key", "broker_code", "event_code",
+        F.when(sent | created, F.col("ts")).alias("ts"),
         F.when(received | created, F.col("broker_code")).alias("ji_broker"),
         F.when(received | created, F.col("dst_code")).alias("j_dst"),
         F.when(received, F.col("origin_code")).alias("j_origin"))
     i = interest.select(F.col("run_key").alias("i_key"), F.col("broker_code").alias("i_b"),
-                        F.col("dst_code").alias("i_d"), F.lit(True).alias("useful"))
-    at = stores.select(F.col("run_key").alias("a_key"), F.col("code").alias("a_code"),
-                       F.lit(True).alias("at_store"))
+                        F.col("dst_code").alias("i_d"), F.lit(True).alias("i_useful"))
     fr = stores.select(F.col("run_key").alias("f_key"), F.col("code").alias("f_code"),
-                       F.lit(True).alias("from_store"))
+                       F.lit(True).alias("f_store"))
     rows = (rows.join(F.broadcast(i), (F.col("run_key") == F.col("i_key"))
                       & (F.col("ji_broker") == F.col("i_b"))
                       & (F.col("j_dst") == F.col("i_d")), "left")
-            .join(F.broadcast(at), (F.col("run_key") == F.col("a_key"))
-                  & (F.col("j_broker") == F.col("a_code")), "left")
             .join(F.broadcast(fr), (F.col("run_key") == F.col("f_key"))
                   & (F.col("j_origin") == F.col("f_code")), "left"))
-    spilled = F.col("received") & F.col("useful").isNull()
-    at_store = F.col("at_store").isNotNull()
-    from_store = F.col("from_store").isNotNull()
-    code = (F.when(F.col("frame"), 1 << 3).otherwise(0)
-            + F.when(F.col("received"), 1 << 4).otherwise(0)
-            + F.when(spilled, 1 << 5).otherwise(0)
-            + F.when(spilled & at_store & from_store, 1 << 6).otherwise(0)
-            + F.when(spilled & at_store & ~from_store, 1 << 7).otherwise(0)
-            + F.when(F.col("created"), 1 << 8).otherwise(0)
-            + F.when(F.col("created") & F.col("useful").isNull(), 1 << 9).otherwise(0))
-    # ts: an advisory.sent's (S) or a demand.created's (T: bit 8 set)
-    return rows.groupBy("run_key", "broker_code", code.alias("code"),
-                        F.when(F.col("sent") | F.col("created"), F.col("ts")).alias("ts")
-                        ).count()
+    return rows.groupBy("run_key", "broker_code", "event_code", "ts",
+                        F.col("i_useful").isNotNull().alias("useful"),
+                        F.col("f_store").isNotNull().alias("from_store")).count()
 
 
 def consumer_facts(parsed: DataFrame) -> DataFrame:
@@ -536,8 +526,9 @@ def consumer_facts(parsed: DataFrame) -> DataFrame:
 
 def _code_tables(spark: SparkSession, coded: dict[str, RunCodes], dim_rows: list[dict],
                  covered: dict[str, set[tuple[str, str]]],
-                 roles: dict) -> tuple[DataFrame, DataFrame]:
-    """hot_facts' interest and stores tables for the coded runs, from pass 1's rows."""
+                 roles: dict) -> tuple[DataFrame, DataFrame, set[tuple[int, int]]]:
+    """hot_facts' interest and stores tables for the coded runs, from pass 1's rows, and
+    the stores as a set of (run_key, code) for ``_hot_rows``."""
     by_run = {c.run: c for c in coded.values()}
     index = {c.run: {b: k for k, b in enumerate(c.brokers)} for c in coded.values()}
     pairs: set[tuple[int, int, int]] = set()
@@ -555,7 +546,7 @@ def _code_tables(spark: SparkSession, coded: dict[str, RunCodes], dim_rows: list
               or site_tier(name) == "store"]
     interest = spark.createDataFrame(sorted(pairs),
                                      "run_key long, broker_code int, dst_code int")
-    return interest, spark.createDataFrame(stores, "run_key long, code int")
+    return interest, spark.createDataFrame(stores, "run_key long, code int"), set(stores)
 
 
 def _coded(paths: list[str], json_only: frozenset[str]) -> dict[str, RunCodes]:
@@ -607,12 +598,13 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
     step(f"pass 2 by strings ({table.num_rows:,} fact rows)")
     rows = _fact_rows(table)
     if coded:
-        code_interest, stores = _code_tables(spark, coded, dim_rows, covered, roles)
+        code_interest, stores, store_codes = _code_tables(spark, coded, dim_rows, covered,
+                                                          roles)
         with _splits(spark):
             hot = hot_facts(every, code_interest, stores).toArrow()
             by_consumer = consumer_facts(every).toArrow()
         step(f"pass 2 by codes ({hot.num_rows:,} + {by_consumer.num_rows:,} rows)")
-        rows = itertools.chain(rows, _hot_rows(hot, coded),
+        rows = itertools.chain(rows, _hot_rows(hot, coded, store_codes),
                                _consumer_rows(by_consumer, coded))
     summaries = [r.asDict() for r in job.read_summaries(spark, paths).collect()]
     step("summaries")
@@ -676,13 +668,37 @@ def _fact_rows(table) -> Iterator[tuple]:
         yield from zip(*cols)
 
 
-def _hot_rows(table, coded: dict[str, RunCodes]) -> Iterator[tuple]:
-    """hot_facts' rows as facts' P rows (and an S row per advisory.sent time)."""
+def _hot_rows(table, coded: dict[str, RunCodes],
+              stores: set[tuple[int, int]]) -> Iterator[tuple]:
+    """hot_facts' rows as facts' P rows (and a T row per demand.created time, an S row
+    per advisory.sent time): the P code's count bits (facts' ``counts``, from bit 3 up)
+    from the event code, ``useful``, ``from_store`` and whether the broker is a store
+    (once per distinct combination: a few)."""
+    from treefed.scenario.parquet_parts import EVENT_CODES
+
+    sent, received, created = (EVENT_CODES.index(e) for e in (
+        "advisory.sent", "advisory.received", "demand.created"))
     by_key = {c.key: c for c in coded.values()}
-    cols = [table.column(n).to_pylist() for n in ("run_key", "broker_code", "code", "ts",
-                                                  "count")]
-    for key, broker, code, ts, n in zip(*cols):
+    bits: dict[tuple, int] = {}
+    cols = [table.column(n).to_pylist() for n in ("run_key", "broker_code", "event_code",
+                                                  "ts", "useful", "from_store", "count")]
+    for key, broker, event_code, ts, useful, from_store, n in zip(*cols):
         c = by_key[key]
+        at_store = (key, broker) in stores
+        shape = (event_code, useful, from_store, at_store)
+        code = bits.get(shape)
+        if code is None:
+            event, add = event_code >> 1, not event_code & 1
+            is_received = add and event == received
+            spilled = is_received and not useful
+            code = bits[shape] = (
+                (1 << 3 if add and event == sent else 0)
+                | (1 << 4 if is_received else 0)
+                | (1 << 5 if spilled else 0)
+                | (1 << 6 if spilled and at_store and from_store else 0)
+                | (1 << 7 if spilled and at_store and not from_store else 0)
+                | (1 << 8 if event == created else 0)
+                | (1 << 9 if event == created and not useful else 0))
         yield ("P", c.run, c.brokers[broker], None, None, None, code, n)
         if code & (1 << 8):       # demand.created: +n held at the broker at ts
             yield ("T", c.run, c.brokers[broker], None, None, ts, 0, n)
