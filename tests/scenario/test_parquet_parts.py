@@ -12,8 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from treefed import events
-from treefed.scenario.parquet_parts import (CODE_COLUMNS, CODES_FILE, EVENT_CODES,
-                                            arrow_schema, coded_schema, parquet_problems)
+from treefed.scenario.parquet_parts import (CODE_COLUMNS, CODES_FILE, DEMAND_COLUMNS,
+                                            DEMAND_FILE, EVENT_CODES, arrow_schema,
+                                            coded_schema, parquet_problems)
 from treefed.scenario.runner import run_scenario
 
 SMALL = Path(__file__).resolve().parents[2] / "scenarios" / "retail-small.toml"
@@ -79,6 +80,16 @@ def test_code_columns_are_the_rows_strings(run):
                 else codes["consumers"][row["consumer_code"]]) == row["consumer"]
         keys.add(row["run_key"])
     assert keys == {codes["run_key"]}
+    # the demand file: the hot demand.created rows' (run_key, consumer_code, ts), in order
+    created = [(r["run_key"], r["consumer_code"], r["ts"])
+               for r in pq.read_table(run.path / part["file"]).to_pylist()
+               if r["event"] == "demand.created" and r["broker"] is not None
+               and (r["dst_code"] is None or r["dst_code"] >= 0)]
+    assert created, "the fixture run creates demand"
+    assert codes["demand"] == {"file": DEMAND_FILE, "rows": len(created)}
+    demand = pq.read_table(run.path / DEMAND_FILE)
+    assert demand.schema.names == list(DEMAND_COLUMNS)
+    assert [tuple(r.values()) for r in demand.to_pylist()] == created
 
 
 def test_coder_keeps_one_dictionary_across_row_groups():

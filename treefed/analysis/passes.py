@@ -396,13 +396,15 @@ class RunCodes:
     consumers: list[str]
     parts: list[str]      # every row, with the code columns
     rest: str             # the rows that are not hot (parquet_parts.REST_FILE)
+    demand: str | None = None   # the hot demand.created rows' integers (DEMAND_FILE)
 
 
 def run_codes(path: str) -> RunCodes | None:
     """The codes of a local run directory whose every Parquet part carries the code
     columns and whose codes file numbers the events this job knows; else None (the run
     is read by its strings: an older run, or codes from another version)."""
-    from treefed.scenario.parquet_parts import CODE_COLUMNS, EVENT_CODES, HOT_EVENTS
+    from treefed.scenario.parquet_parts import (CODE_COLUMNS, DEMAND_COLUMNS, EVENT_CODES,
+                                                HOT_EVENTS)
 
     parts = job.parquet_parts(path)
     if parts is None:
@@ -425,11 +427,21 @@ def run_codes(path: str) -> RunCodes | None:
         for part in [*parts, rest_path]:
             if not set(CODE_COLUMNS) <= set(pq.read_schema(part).names):
                 return None
+        demand_path = None        # older runs have no demand file: their parts are read
+        if "demand" in data:
+            demand = data["demand"]
+            if "/" in str(demand["file"]):
+                return None
+            demand_path = os.path.join(path, str(demand["file"]))
+            meta = pq.read_metadata(demand_path)
+            if meta.num_rows != int(demand["rows"]) or \
+                    not set(DEMAND_COLUMNS) <= set(meta.schema.names):
+                return None
         return RunCodes(run=os.path.basename(os.path.normpath(path)),
                         key=int(data["run_key"]), brokers=[str(b) for b in data["brokers"]],
                         dsts={str(k): int(v) for k, v in data["dsts"].items()},
                         consumers=[str(c) for c in data["consumers"]],
-                        parts=parts, rest=rest_path)
+                        parts=parts, rest=rest_path, demand=demand_path)
     except (OSError, ValueError, TypeError, KeyError, AttributeError, pa.ArrowException):
         return None
 
@@ -517,11 +529,37 @@ def hot_facts(parsed: DataFrame, interest: DataFrame, stores: DataFrame) -> Data
                         F.col("f_store").isNotNull().alias("from_store")).count()
 
 
-def consumer_facts(parsed: DataFrame) -> DataFrame:
+def consumer_facts(parsed: DataFrame | None, demand: DataFrame | None) -> DataFrame:
     """facts' C sums for the coded demand.created rows: (run_key, consumer_code, ts) -> n
-    (apart from hot_facts: a joint key with the broker would not collapse)."""
-    return (parsed.where(_hot(parsed) & _event_in(("demand.created",)))
-            .groupBy("run_key", "consumer_code", "ts").count())
+    (apart from hot_facts: a joint key with the broker would not collapse).  ``demand``:
+    the runs' DEMAND_FILE rows (those rows already); ``parsed``: the parts of the coded
+    runs without one (their hot demand.created rows are picked out here)."""
+    frames = [] if demand is None else [demand.select("run_key", "consumer_code", "ts")]
+    if parsed is not None:
+        frames.append(parsed.where(_hot(parsed) & _event_in(("demand.created",)))
+                      .select("run_key", "consumer_code", "ts"))
+    rows = frames[0]
+    for more in frames[1:]:
+        rows = rows.unionByName(more)
+    return rows.groupBy("run_key", "consumer_code", "ts").count()
+
+
+def _demand_frames(spark: SparkSession, coded: dict[str, RunCodes],
+                   paths: list[str]) -> tuple[DataFrame | None, DataFrame | None]:
+    """consumer_facts' inputs: (the coded runs' parts that have no DEMAND_FILE, the
+    DEMAND_FILEs of the others), None where there are none."""
+    fields = T.StructType([T.StructField(c, _CODE_TYPES[c]) if c in _CODE_TYPES
+                           else T.StructField(c, T.DoubleType())
+                           for c in ("run_key", "consumer_code", "ts")])
+    runs = [coded[p] for p in paths if p in coded]
+    files = [c.demand for c in runs if c.demand is not None]
+    parts = [f for c in runs if c.demand is None for f in c.parts]
+    parsed = None
+    if parts:
+        schema = T.StructType(job._parquet_schema().fields
+                              + [T.StructField(c, t) for c, t in _CODE_TYPES.items()])
+        parsed = spark.read.schema(schema).parquet(*parts)
+    return parsed, (spark.read.schema(fields).parquet(*files) if files else None)
 
 
 def _code_tables(spark: SparkSession, coded: dict[str, RunCodes], dim_rows: list[dict],
@@ -602,7 +640,7 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
                                                           roles)
         with _splits(spark):
             hot = hot_facts(every, code_interest, stores).toArrow()
-            by_consumer = consumer_facts(every).toArrow()
+            by_consumer = consumer_facts(*_demand_frames(spark, coded, paths)).toArrow()
         step(f"pass 2 by codes ({hot.num_rows:,} + {by_consumer.num_rows:,} rows)")
         rows = itertools.chain(rows, _hot_rows(hot, coded, store_codes),
                                _consumer_rows(by_consumer, coded))
