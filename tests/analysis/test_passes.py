@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import math
+import os
 import random
 import shutil
 from pathlib import Path
@@ -130,6 +131,33 @@ def _coded_copy(run: Path, root: Path) -> Path:
     return copy
 
 
+def _session7_codes(run: Path) -> None:
+    """Make a runner's run as session 7's runner wrote it: the codes file lists
+    OLD_HOT_EVENTS as hot, the rest file holds every other row (link, consumer-added,
+    stranded events too), no demand file."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from treefed.scenario.parquet_parts import (CODES_FILE, DEMAND_FILE, EVENT_CODES,
+                                                OLD_HOT_EVENTS, REST_FILE)
+
+    data = json.loads((run / CODES_FILE).read_text())
+    table = pq.read_table([run / p for p in sorted(os.listdir(run))
+                           if p.startswith("events.part-")])
+    hot = pc.is_in(pc.shift_right(table["event_code"], 1),
+                   pa.array([EVENT_CODES.index(e) for e in OLD_HOT_EVENTS], pa.int32()))
+    hot = pc.and_(pc.fill_null(hot, False), pc.is_valid(table["broker_code"]))
+    plain = pc.fill_null(pc.greater_equal(table["dst_code"], 0), True)
+    rest = table.filter(pc.invert(pc.and_(hot, plain)))
+    assert rest.num_rows > pq.read_metadata(run / REST_FILE).num_rows   # more rows now
+    pq.write_table(rest, run / REST_FILE)
+    data.update(hot=list(OLD_HOT_EVENTS), rest={"file": REST_FILE, "rows": rest.num_rows})
+    del data["demand"]
+    (run / DEMAND_FILE).unlink()
+    (run / CODES_FILE).write_text(json.dumps(data))
+
+
 @pytest.fixture(scope="module")
 def every_kind_of_run(tmp_path_factory) -> list[Path]:
     from tests.analysis.test_job import write_run
@@ -140,12 +168,7 @@ def every_kind_of_run(tmp_path_factory) -> list[Path]:
     runs = [r.path for name in ("retail-small", "churn")
             for r in run_scenario(ROOT / "scenarios" / f"{name}.toml", engine="replay",
                                   out=root / "runner")]
-    # a run written before the demand file (parquet_parts.DEMAND_FILE): its per-consumer
-    # sums come from its parts
-    codes = runs[1] / "events.codes.json"
-    data = json.loads(codes.read_text())
-    del data["demand"]
-    codes.write_text(json.dumps(data))
+    _session7_codes(runs[-1])     # churn, its last mode: link cuts, consumer churn
     plain = root / "plain"
     plain.mkdir()
     runs.append(_json_copy(runs[0], plain))

@@ -13,7 +13,8 @@ import pytest
 
 from treefed import events
 from treefed.scenario.parquet_parts import (CODE_COLUMNS, CODES_FILE, DEMAND_COLUMNS,
-                                            DEMAND_FILE, EVENT_CODES, arrow_schema,
+                                            DEMAND_FILE, EVENT_CODES, HOT_EVENTS,
+                                            REST_FILE, arrow_schema,
                                             coded_schema, parquet_problems)
 from treefed.scenario.runner import run_scenario
 
@@ -90,6 +91,14 @@ def test_code_columns_are_the_rows_strings(run):
     demand = pq.read_table(run.path / DEMAND_FILE)
     assert demand.schema.names == list(DEMAND_COLUMNS)
     assert [tuple(r.values()) for r in demand.to_pylist()] == created
+    # the rest file: every other row, in order (link and consumer events are hot too)
+    assert codes["hot"] == list(HOT_EVENTS)
+    rows = pq.read_table(run.path / part["file"]).to_pylist()
+    rest = [r for r in rows if not (r["event"] in HOT_EVENTS and r["broker"] is not None
+                                    and (r["dst_code"] is None or r["dst_code"] >= 0))]
+    assert {"link.up", "consumer.added"} <= {r["event"] for r in rows}
+    assert pq.read_table(run.path / REST_FILE).to_pylist() == rest
+    assert codes["rest"]["rows"] == len(rest)
 
 
 def test_coder_keeps_one_dictionary_across_row_groups():

@@ -376,8 +376,10 @@ def _interest(rows: list) -> dict[str, set[tuple[str, str]]]:
 
 # ----------------------------------------------------------------------------- coded rows
 
-# parquet_parts.HOT_EVENTS: the events whose rows the integer path counts (~95 % of make
-# run's rows): P counts, advisory.sent's S, demand.created's T and C.
+# parquet_parts.HOT_EVENTS: the events whose rows the integer path counts (~96 % of make
+# run's rows): P counts, advisory.sent's S, demand.created's and demand.removed's T,
+# demand.created's C, link events' L, consumer.added's A.  (OLD_HOT_EVENTS in runs
+# written before the last six were hot.)
 #: The events pass 1 reads (besides wildcard destinations).
 _DIM_EVENTS = ("broker.info", "run.started") + _INTEREST_EVENTS
 _CODE_TYPES = {"event_code": T.IntegerType(), "broker_code": T.IntegerType(),
@@ -397,6 +399,7 @@ class RunCodes:
     parts: list[str]      # every row, with the code columns
     rest: str             # the rows that are not hot (parquet_parts.REST_FILE)
     demand: str | None = None   # the hot demand.created rows' integers (DEMAND_FILE)
+    hot: tuple[str, ...] = ()   # the events counted by codes (the codes file's ``hot``)
 
 
 def run_codes(path: str) -> RunCodes | None:
@@ -404,7 +407,7 @@ def run_codes(path: str) -> RunCodes | None:
     columns and whose codes file numbers the events this job knows; else None (the run
     is read by its strings: an older run, or codes from another version)."""
     from treefed.scenario.parquet_parts import (CODE_COLUMNS, DEMAND_COLUMNS, EVENT_CODES,
-                                                HOT_EVENTS)
+                                                HOT_EVENTS, OLD_HOT_EVENTS)
 
     parts = job.parquet_parts(path)
     if parts is None:
@@ -416,7 +419,9 @@ def run_codes(path: str) -> RunCodes | None:
             return None
         with open(os.path.join(path, name), encoding="utf-8") as f:
             data = json.load(f)
-        if data.get("events") != list(EVENT_CODES) or data.get("hot") != list(HOT_EVENTS):
+        hot = data.get("hot")
+        if data.get("events") != list(EVENT_CODES) or \
+                hot not in (list(HOT_EVENTS), list(OLD_HOT_EVENTS)):
             return None
         rest = data["rest"]
         if "/" in str(rest["file"]):
@@ -441,7 +446,8 @@ def run_codes(path: str) -> RunCodes | None:
                         key=int(data["run_key"]), brokers=[str(b) for b in data["brokers"]],
                         dsts={str(k): int(v) for k, v in data["dsts"].items()},
                         consumers=[str(c) for c in data["consumers"]],
-                        parts=parts, rest=rest_path, demand=demand_path)
+                        parts=parts, rest=rest_path, demand=demand_path,
+                        hot=tuple(hot))
     except (OSError, ValueError, TypeError, KeyError, AttributeError, pa.ArrowException):
         return None
 
@@ -484,17 +490,35 @@ def _read(spark: SparkSession, paths: list[str], coded: dict[str, RunCodes],
     return strings, coded_frame([f for p in paths if p in coded for f in coded[p].parts])
 
 
-def _hot(parsed: DataFrame) -> Column:
-    from treefed.scenario.parquet_parts import HOT_EVENTS
+def _hot(narrow: list[int] | None = None) -> Column:
+    """The coded row is one its run's Coder left out of the rest file: a hot event (of
+    OLD_HOT_EVENTS for the runs whose key is in ``narrow``) with a broker and no
+    wildcard destination."""
+    from treefed.scenario.parquet_parts import HOT_EVENTS, OLD_HOT_EVENTS
 
-    return (_event_in(HOT_EVENTS) & F.col("broker_code").isNotNull()
+    events = _event_in(HOT_EVENTS)
+    if narrow:
+        events = _event_in(OLD_HOT_EVENTS) | (
+            _event_in(tuple(e for e in HOT_EVENTS if e not in OLD_HOT_EVENTS))
+            & ~F.col("run_key").isin(*narrow))
+    return (events & F.col("broker_code").isNotNull()
             & F.coalesce(F.col("dst_code") >= 0, F.lit(True)))
 
 
-def hot_facts(parsed: DataFrame, interest: DataFrame, stores: DataFrame) -> DataFrame:
-    """What the P (and S, T) sums of ``facts`` need of the coded HOT_EVENTS rows, by
-    integers: (run_key, broker_code, event_code, ts of an advisory.sent or
-    demand.created, ``useful``, ``from_store``) -> count.  ``useful``: the broker sends
+def _narrow(coded: dict[str, RunCodes]) -> list[int]:
+    """The keys of the coded runs whose codes file lists OLD_HOT_EVENTS as hot."""
+    from treefed.scenario.parquet_parts import HOT_EVENTS
+
+    return [c.key for c in coded.values() if c.hot != HOT_EVENTS]
+
+
+def hot_facts(parsed: DataFrame, interest: DataFrame, stores: DataFrame,
+              narrow: list[int] | None = None) -> DataFrame:
+    """What the P (and S, T, L, A) sums of ``facts`` need of the coded HOT_EVENTS rows, by
+    integers: (run_key, broker_code, event_code, ts of an advisory.sent, a demand or
+    link event or a consumer.added, consumer_code of a consumer.added, ``useful``,
+    ``from_store``) -> count (``narrow``: the keys of the runs coded with
+    OLD_HOT_EVENTS).  ``useful``: the broker sends
     to the destination of its advisory.received add or demand.created (``interest``:
     (run_key, broker_code, dst_code)); ``from_store``: such an advisory's origin is a
     store (``stores``: (run_key, code) of the brokers that are, job._store).  The count
@@ -509,9 +533,14 @@ def hot_facts(parsed: DataFrame, interest: DataFrame, stores: DataFrame) -> Data
     sent = event == EVENT_CODES.index("advisory.sent")
     received = add & (event == EVENT_CODES.index("advisory.received"))
     created = event == EVENT_CODES.index("demand.created")
-    rows = parsed.where(_hot(parsed)).select(
+    added = event == EVENT_CODES.index("consumer.added")
+    timed = event.isin(*(EVENT_CODES.index(e) for e in (
+        "advisory.sent", "demand.created", "demand.removed", "link.up", "link.down",
+        "consumer.added")))
+    rows = parsed.where(_hot(narrow)).select(
         "run_key", "broker_code", "event_code",
-        F.when(sent | created, F.col("ts")).alias("ts"),
+        F.when(timed, F.col("ts")).alias("ts"),
+        F.when(added, F.col("consumer_code")).alias("consumer_code"),
         F.when(received | created, F.col("broker_code")).alias("ji_broker"),
         F.when(received | created, F.col("dst_code")).alias("j_dst"),
         F.when(received, F.col("origin_code")).alias("j_origin"))
@@ -524,7 +553,7 @@ def hot_facts(parsed: DataFrame, interest: DataFrame, stores: DataFrame) -> Data
                       & (F.col("j_dst") == F.col("i_d")), "left")
             .join(F.broadcast(fr), (F.col("run_key") == F.col("f_key"))
                   & (F.col("j_origin") == F.col("f_code")), "left"))
-    return rows.groupBy("run_key", "broker_code", "event_code", "ts",
+    return rows.groupBy("run_key", "broker_code", "event_code", "ts", "consumer_code",
                         F.col("i_useful").isNotNull().alias("useful"),
                         F.col("f_store").isNotNull().alias("from_store")).count()
 
@@ -536,7 +565,7 @@ def consumer_facts(parsed: DataFrame | None, demand: DataFrame | None) -> DataFr
     runs without one (their hot demand.created rows are picked out here)."""
     frames = [] if demand is None else [demand.select("run_key", "consumer_code", "ts")]
     if parsed is not None:
-        frames.append(parsed.where(_hot(parsed) & _event_in(("demand.created",)))
+        frames.append(parsed.where(_hot() & _event_in(("demand.created",)))
                       .select("run_key", "consumer_code", "ts"))
     rows = frames[0]
     for more in frames[1:]:
@@ -639,7 +668,7 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
         code_interest, stores, store_codes = _code_tables(spark, coded, dim_rows, covered,
                                                           roles)
         with _splits(spark):
-            hot = hot_facts(every, code_interest, stores).toArrow()
+            hot = hot_facts(every, code_interest, stores, _narrow(coded)).toArrow()
             by_consumer = consumer_facts(*_demand_frames(spark, coded, paths)).toArrow()
         step(f"pass 2 by codes ({hot.num_rows:,} + {by_consumer.num_rows:,} rows)")
         rows = itertools.chain(rows, _hot_rows(hot, coded, store_codes),
@@ -708,25 +737,30 @@ def _fact_rows(table) -> Iterator[tuple]:
 
 def _hot_rows(table, coded: dict[str, RunCodes],
               stores: set[tuple[int, int]]) -> Iterator[tuple]:
-    """hot_facts' rows as facts' P rows (and a T row per demand.created time, an S row
-    per advisory.sent time): the P code's count bits (facts' ``counts``, from bit 3 up)
-    from the event code, ``useful``, ``from_store`` and whether the broker is a store
-    (once per distinct combination: a few)."""
+    """hot_facts' rows as facts' rows: a P row each, and the event's own fact as facts
+    makes it (T per demand.created / demand.removed time, S per advisory.sent time, L per
+    link event time, A per consumer.added).  The P code's count bits (facts' ``counts``,
+    from bit 3 up) come from the event code, ``useful``, ``from_store`` and whether the
+    broker is a store (worked out once per distinct combination: a few)."""
     from treefed.scenario.parquet_parts import EVENT_CODES
 
-    sent, received, created = (EVENT_CODES.index(e) for e in (
-        "advisory.sent", "advisory.received", "demand.created"))
+    sent, received, created, removed, stranded, added, up, down = (
+        EVENT_CODES.index(e) for e in (
+            "advisory.sent", "advisory.received", "demand.created", "demand.removed",
+            "message.stranded", "consumer.added", "link.up", "link.down"))
     by_key = {c.key: c for c in coded.values()}
     bits: dict[tuple, int] = {}
-    cols = [table.column(n).to_pylist() for n in ("run_key", "broker_code", "event_code",
-                                                  "ts", "useful", "from_store", "count")]
-    for key, broker, event_code, ts, useful, from_store, n in zip(*cols):
+    cols = [table.column(n).to_pylist() for n in (
+        "run_key", "broker_code", "event_code", "ts", "consumer_code", "useful",
+        "from_store", "count")]
+    for key, broker_code, event_code, ts, consumer, useful, from_store, n in zip(*cols):
         c = by_key[key]
-        at_store = (key, broker) in stores
+        at_store = (key, broker_code) in stores
         shape = (event_code, useful, from_store, at_store)
         code = bits.get(shape)
+        event = event_code >> 1
         if code is None:
-            event, add = event_code >> 1, not event_code & 1
+            add = not event_code & 1
             is_received = add and event == received
             spilled = is_received and not useful
             code = bits[shape] = (
@@ -736,12 +770,25 @@ def _hot_rows(table, coded: dict[str, RunCodes],
                 | (1 << 6 if spilled and at_store and from_store else 0)
                 | (1 << 7 if spilled and at_store and not from_store else 0)
                 | (1 << 8 if event == created else 0)
-                | (1 << 9 if event == created and not useful else 0))
-        yield ("P", c.run, c.brokers[broker], None, None, None, code, n)
-        if code & (1 << 8):       # demand.created: +n held at the broker at ts
-            yield ("T", c.run, c.brokers[broker], None, None, ts, 0, n)
-        elif ts is not None:
+                | (1 << 9 if event == created and not useful else 0)
+                | (1 << 11 if event == stranded else 0))
+        broker = c.brokers[broker_code]
+        yield ("P", c.run, broker, None, None, None, code, n)
+        if event == created:      # +n held at the broker at ts
+            yield ("T", c.run, broker, None, None, ts, 0, n)
+        elif event == removed:
+            yield ("T", c.run, broker, None, None, ts, 0, -n)
+        elif event == sent:
             yield ("S", c.run, None, None, None, ts, 0, n)
+        elif event == up or event == down:
+            yield ("L", c.run, None, EVENT_CODES[event], None, ts, 0, n)
+        elif event == added:      # facts' qualified consumer id
+            name = None if consumer is None else c.consumers[consumer]
+            if name is None:
+                name = broker
+            elif not name.startswith(broker + "/"):
+                name = broker + "/" + name
+            yield ("A", c.run, None, name, None, ts, 0, n)
 
 
 def _consumer_rows(table, coded: dict[str, RunCodes]) -> Iterator[tuple]:
