@@ -45,13 +45,15 @@ results on the driver:
 
 Runs with integer codes (scenario/parquet_parts.py: ``event_code``, ``broker_code``,
 ``origin_code``, ``dst_code``, ``run_key`` columns, the dictionaries in the codes file,
-the rows other than advisories and demand.created copied to the rest file): both passes
-above read only the rest file's rows (a Parquet reader decodes every selected column of
-every row, so the strings of the ~95 % that are hot are never read), and ``hot_facts`` /
-``consumer_facts`` count the hot rows of the parts by integers alone -- the same P, S, T
-and C sums, joined with the interest
-and store sets as (run_key, code) pairs -- mapped back to broker ids on the driver.  A
-run without codes, or whose codes do not check (``run_codes``), is read by its strings.
+the rows of events other than HOT_EVENTS copied to the rest file, the hot
+demand.created rows' integers to the demand file): both passes above read only the rest
+file's rows (a Parquet reader decodes every selected column of every row, so the
+strings of the ~97 % that are hot are never read), and ``hot_facts`` /
+``consumer_facts`` count the hot rows by integers alone -- the same P, S, T, L, A and C
+sums, joined with the interest and store sets as (run_key, code) pairs -- mapped back
+to broker ids on the driver (``_hot_rows``, ``_consumer_rows``).  A run without codes,
+or whose codes do not check (``run_codes``), is read by its strings; a run coded with
+an older hot list (OLD_HOT_EVENTS) or without a demand file is read by what it has.
 
 ``percentile_approx`` is reproduced by ``spark_percentile``: Spark's Greenwald-Khanna
 summary (accuracy 10,000) over one partial aggregate -- exact below 5,000 consumers per
