@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import math
+import os
 import random
 import shutil
 from pathlib import Path
@@ -41,6 +42,58 @@ def test_site_tier_like_job_site_tier():
     assert [site_tier(b) for b in ("hq", "hq-2", "region-1", "store-r1-0001", "edge-9",
                                    "runner", None, "-x", "r2-d2")] == \
         ["hq", "hq", "region", "store", "edge", "other", "other", "other", "other"]
+
+
+def test_hot_rows_are_facts_rows():
+    """hot_facts' grouped integer rows back as facts' rows, by hand: the P code's bits
+    (spill at a store from a store or not, wasted demand, stranded), the event's own fact
+    (T +n / -n, S, L, A with facts' qualified consumer id), broker names by dictionary."""
+    import pyarrow as pa
+
+    from treefed.analysis.passes import RunCodes, _hot_rows
+    from treefed.scenario.parquet_parts import EVENT_CODES
+
+    def ev(name, removal=False):
+        return 2 * EVENT_CODES.index(name) + removal
+
+    c = RunCodes(run="r", key=7, brokers=["store-1", "region-1"], dsts={"queue://q": 0},
+                 consumers=["c/1", "store-1/c/2"], parts=[], rest="")
+    rows = [  # broker, event, ts, consumer, useful, from_store, count
+        (0, ev("advisory.received"), None, None, False, True, 3),   # sibling spill
+        (0, ev("advisory.received"), None, None, False, False, 2),  # downward spill
+        (1, ev("advisory.received"), None, None, False, True, 1),   # spill, not at a store
+        (0, ev("advisory.received"), None, None, True, True, 4),    # useful
+        (0, ev("advisory.received", True), None, None, False, False, 1),  # a removal
+        (1, ev("advisory.sent"), 2.0, None, False, False, 5),
+        (1, ev("advisory.sent", True), 3.0, None, False, False, 1),
+        (1, ev("demand.created"), 1.5, None, False, False, 2),
+        (1, ev("demand.removed"), 4.0, None, False, False, 1),
+        (0, ev("message.stranded"), None, None, False, False, 6),
+        (0, ev("link.down"), 5.0, None, False, False, 1),
+        (0, ev("consumer.added"), 1.0, 0, False, False, 1),   # "c/1" at store-1
+        (0, ev("consumer.added"), 1.0, 1, False, False, 1),   # already "store-1/..."
+        (0, ev("consumer.added"), 1.0, None, False, False, 1),
+    ]
+    names = ("broker_code", "event_code", "ts", "consumer_code", "useful", "from_store",
+             "count")
+    table = pa.table({"run_key": [7] * len(rows),
+                      **{n: [r[k] for r in rows] for k, n in enumerate(names)}})
+    got = list(_hot_rows(table, {"r": c}, stores={(7, 0)}))
+    p = [(b, code, n) for tag, _, b, _, _, _, code, n in got if tag == "P"]
+    assert p == [("store-1", 16 | 32 | 64, 3), ("store-1", 16 | 32 | 128, 2),
+                 ("region-1", 16 | 32, 1), ("store-1", 16, 4), ("store-1", 0, 1),
+                 ("region-1", 8, 5), ("region-1", 0, 1), ("region-1", 256 | 512, 2),
+                 ("region-1", 0, 1), ("store-1", 2048, 6), ("store-1", 0, 1),
+                 ("store-1", 0, 1), ("store-1", 0, 1), ("store-1", 0, 1)]
+    rest = [t for t in got if t[0] != "P"]
+    assert rest == [("S", "r", None, None, None, 2.0, 0, 5),
+                    ("S", "r", None, None, None, 3.0, 0, 1),
+                    ("T", "r", "region-1", None, None, 1.5, 0, 2),
+                    ("T", "r", "region-1", None, None, 4.0, 0, -1),
+                    ("L", "r", None, "link.down", None, 5.0, 0, 1),
+                    ("A", "r", None, "store-1/c/1", None, 1.0, 0, 1),
+                    ("A", "r", None, "store-1/c/2", None, 1.0, 0, 1),
+                    ("A", "r", None, "store-1", None, 1.0, 0, 1)]
 
 
 # ----------------------------------------------------------------------------- Spark
@@ -130,6 +183,33 @@ def _coded_copy(run: Path, root: Path) -> Path:
     return copy
 
 
+def _session7_codes(run: Path) -> None:
+    """Make a runner's run as session 7's runner wrote it: the codes file lists
+    OLD_HOT_EVENTS as hot, the rest file holds every other row (link, consumer-added,
+    stranded events too), no demand file."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from treefed.scenario.parquet_parts import (CODES_FILE, DEMAND_FILE, EVENT_CODES,
+                                                OLD_HOT_EVENTS, REST_FILE)
+
+    data = json.loads((run / CODES_FILE).read_text())
+    table = pq.read_table([run / p for p in sorted(os.listdir(run))
+                           if p.startswith("events.part-")])
+    hot = pc.is_in(pc.shift_right(table["event_code"], 1),
+                   pa.array([EVENT_CODES.index(e) for e in OLD_HOT_EVENTS], pa.int32()))
+    hot = pc.and_(pc.fill_null(hot, False), pc.is_valid(table["broker_code"]))
+    plain = pc.fill_null(pc.greater_equal(table["dst_code"], 0), True)
+    rest = table.filter(pc.invert(pc.and_(hot, plain)))
+    assert rest.num_rows > pq.read_metadata(run / REST_FILE).num_rows   # more rows now
+    pq.write_table(rest, run / REST_FILE)
+    data.update(hot=list(OLD_HOT_EVENTS), rest={"file": REST_FILE, "rows": rest.num_rows})
+    del data["demand"]
+    (run / DEMAND_FILE).unlink()
+    (run / CODES_FILE).write_text(json.dumps(data))
+
+
 @pytest.fixture(scope="module")
 def every_kind_of_run(tmp_path_factory) -> list[Path]:
     from tests.analysis.test_job import write_run
@@ -140,6 +220,7 @@ def every_kind_of_run(tmp_path_factory) -> list[Path]:
     runs = [r.path for name in ("retail-small", "churn")
             for r in run_scenario(ROOT / "scenarios" / f"{name}.toml", engine="replay",
                                   out=root / "runner")]
+    _session7_codes(runs[-1])     # churn, its last mode: link cuts, consumer churn
     plain = root / "plain"
     plain.mkdir()
     runs.append(_json_copy(runs[0], plain))

@@ -12,8 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from treefed import events
-from treefed.scenario.parquet_parts import (CODE_COLUMNS, CODES_FILE, EVENT_CODES,
-                                            arrow_schema, coded_schema, parquet_problems)
+from treefed.scenario.parquet_parts import (CODE_COLUMNS, CODES_FILE, DEMAND_COLUMNS,
+                                            DEMAND_FILE, EVENT_CODES, HOT_EVENTS,
+                                            REST_FILE, arrow_schema,
+                                            coded_schema, parquet_problems)
 from treefed.scenario.runner import run_scenario
 
 SMALL = Path(__file__).resolve().parents[2] / "scenarios" / "retail-small.toml"
@@ -79,6 +81,24 @@ def test_code_columns_are_the_rows_strings(run):
                 else codes["consumers"][row["consumer_code"]]) == row["consumer"]
         keys.add(row["run_key"])
     assert keys == {codes["run_key"]}
+    # the demand file: the hot demand.created rows' (run_key, consumer_code, ts), in order
+    created = [(r["run_key"], r["consumer_code"], r["ts"])
+               for r in pq.read_table(run.path / part["file"]).to_pylist()
+               if r["event"] == "demand.created" and r["broker"] is not None
+               and (r["dst_code"] is None or r["dst_code"] >= 0)]
+    assert created, "the fixture run creates demand"
+    assert codes["demand"] == {"file": DEMAND_FILE, "rows": len(created)}
+    demand = pq.read_table(run.path / DEMAND_FILE)
+    assert demand.schema.names == list(DEMAND_COLUMNS)
+    assert [tuple(r.values()) for r in demand.to_pylist()] == created
+    # the rest file: every other row, in order (link and consumer events are hot too)
+    assert codes["hot"] == list(HOT_EVENTS)
+    rows = pq.read_table(run.path / part["file"]).to_pylist()
+    rest = [r for r in rows if not (r["event"] in HOT_EVENTS and r["broker"] is not None
+                                    and (r["dst_code"] is None or r["dst_code"] >= 0))]
+    assert {"link.up", "consumer.added"} <= {r["event"] for r in rows}
+    assert pq.read_table(run.path / REST_FILE).to_pylist() == rest
+    assert codes["rest"]["rows"] == len(rest)
 
 
 def test_coder_keeps_one_dictionary_across_row_groups():

@@ -35,6 +35,7 @@ class TestRunScenario:
                                                           "summary.json",
                                                           "events.part-0000.parquet",
                                                           "events.rest.parquet",
+                                                          "events.demand.parquet",
                                                           "events.codes.json"}
 
     def test_summary_keys(self, small_runs) -> None:

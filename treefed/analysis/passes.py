@@ -45,13 +45,15 @@ results on the driver:
 
 Runs with integer codes (scenario/parquet_parts.py: ``event_code``, ``broker_code``,
 ``origin_code``, ``dst_code``, ``run_key`` columns, the dictionaries in the codes file,
-the rows other than advisories and demand.created copied to the rest file): both passes
-above read only the rest file's rows (a Parquet reader decodes every selected column of
-every row, so the strings of the ~95 % that are hot are never read), and ``hot_facts`` /
-``consumer_facts`` count the hot rows of the parts by integers alone -- the same P, S, T
-and C sums, joined with the interest
-and store sets as (run_key, code) pairs -- mapped back to broker ids on the driver.  A
-run without codes, or whose codes do not check (``run_codes``), is read by its strings.
+the rows of events other than HOT_EVENTS copied to the rest file, the hot
+demand.created rows' integers to the demand file): both passes above read only the rest
+file's rows (a Parquet reader decodes every selected column of every row, so the
+strings of the ~97 % that are hot are never read), and ``hot_facts`` /
+``consumer_facts`` count the hot rows by integers alone -- the same P, S, T, L, A and C
+sums, joined with the interest and store sets as (run_key, code) pairs -- mapped back
+to broker ids on the driver (``_hot_rows``, ``_consumer_rows``).  A run without codes,
+or whose codes do not check (``run_codes``), is read by its strings; a run coded with
+an older hot list (OLD_HOT_EVENTS) or without a demand file is read by what it has.
 
 ``percentile_approx`` is reproduced by ``spark_percentile``: Spark's Greenwald-Khanna
 summary (accuracy 10,000) over one partial aggregate -- exact below 5,000 consumers per
@@ -376,8 +378,10 @@ def _interest(rows: list) -> dict[str, set[tuple[str, str]]]:
 
 # ----------------------------------------------------------------------------- coded rows
 
-# parquet_parts.HOT_EVENTS: the events whose rows the integer path counts (~95 % of make
-# run's rows): P counts, advisory.sent's S, demand.created's T and C.
+# parquet_parts.HOT_EVENTS: the events whose rows the integer path counts (~96 % of make
+# run's rows): P counts, advisory.sent's S, demand.created's and demand.removed's T,
+# demand.created's C, link events' L, consumer.added's A.  (OLD_HOT_EVENTS in runs
+# written before the last six were hot.)
 #: The events pass 1 reads (besides wildcard destinations).
 _DIM_EVENTS = ("broker.info", "run.started") + _INTEREST_EVENTS
 _CODE_TYPES = {"event_code": T.IntegerType(), "broker_code": T.IntegerType(),
@@ -396,13 +400,16 @@ class RunCodes:
     consumers: list[str]
     parts: list[str]      # every row, with the code columns
     rest: str             # the rows that are not hot (parquet_parts.REST_FILE)
+    demand: str | None = None   # the hot demand.created rows' integers (DEMAND_FILE)
+    hot: tuple[str, ...] = ()   # the events counted by codes (the codes file's ``hot``)
 
 
 def run_codes(path: str) -> RunCodes | None:
     """The codes of a local run directory whose every Parquet part carries the code
     columns and whose codes file numbers the events this job knows; else None (the run
     is read by its strings: an older run, or codes from another version)."""
-    from treefed.scenario.parquet_parts import CODE_COLUMNS, EVENT_CODES, HOT_EVENTS
+    from treefed.scenario.parquet_parts import (CODE_COLUMNS, DEMAND_COLUMNS, EVENT_CODES,
+                                                HOT_EVENTS, OLD_HOT_EVENTS)
 
     parts = job.parquet_parts(path)
     if parts is None:
@@ -414,7 +421,9 @@ def run_codes(path: str) -> RunCodes | None:
             return None
         with open(os.path.join(path, name), encoding="utf-8") as f:
             data = json.load(f)
-        if data.get("events") != list(EVENT_CODES) or data.get("hot") != list(HOT_EVENTS):
+        hot = data.get("hot")
+        if data.get("events") != list(EVENT_CODES) or \
+                hot not in (list(HOT_EVENTS), list(OLD_HOT_EVENTS)):
             return None
         rest = data["rest"]
         if "/" in str(rest["file"]):
@@ -425,11 +434,22 @@ def run_codes(path: str) -> RunCodes | None:
         for part in [*parts, rest_path]:
             if not set(CODE_COLUMNS) <= set(pq.read_schema(part).names):
                 return None
+        demand_path = None        # older runs have no demand file: their parts are read
+        if "demand" in data:
+            demand = data["demand"]
+            if "/" in str(demand["file"]):
+                return None
+            demand_path = os.path.join(path, str(demand["file"]))
+            meta = pq.read_metadata(demand_path)
+            if meta.num_rows != int(demand["rows"]) or \
+                    not set(DEMAND_COLUMNS) <= set(meta.schema.names):
+                return None
         return RunCodes(run=os.path.basename(os.path.normpath(path)),
                         key=int(data["run_key"]), brokers=[str(b) for b in data["brokers"]],
                         dsts={str(k): int(v) for k, v in data["dsts"].items()},
                         consumers=[str(c) for c in data["consumers"]],
-                        parts=parts, rest=rest_path)
+                        parts=parts, rest=rest_path, demand=demand_path,
+                        hot=tuple(hot))
     except (OSError, ValueError, TypeError, KeyError, AttributeError, pa.ArrowException):
         return None
 
@@ -472,18 +492,42 @@ def _read(spark: SparkSession, paths: list[str], coded: dict[str, RunCodes],
     return strings, coded_frame([f for p in paths if p in coded for f in coded[p].parts])
 
 
-def _hot(parsed: DataFrame) -> Column:
-    from treefed.scenario.parquet_parts import HOT_EVENTS
+def _hot(narrow: list[int] | None = None) -> Column:
+    """The coded row is one its run's Coder left out of the rest file: a hot event (of
+    OLD_HOT_EVENTS for the runs whose key is in ``narrow``) with a broker and no
+    wildcard destination."""
+    from treefed.scenario.parquet_parts import HOT_EVENTS, OLD_HOT_EVENTS
 
-    return (_event_in(HOT_EVENTS) & F.col("broker_code").isNotNull()
+    events = _event_in(HOT_EVENTS)
+    if narrow:
+        events = _event_in(OLD_HOT_EVENTS) | (
+            _event_in(tuple(e for e in HOT_EVENTS if e not in OLD_HOT_EVENTS))
+            & ~F.col("run_key").isin(*narrow))
+    return (events & F.col("broker_code").isNotNull()
             & F.coalesce(F.col("dst_code") >= 0, F.lit(True)))
 
 
-def hot_facts(parsed: DataFrame, interest: DataFrame, stores: DataFrame) -> DataFrame:
-    """The P (and S) sums of ``facts`` for the coded HOT_EVENTS rows, by integers: (run_key,
-    broker_code, code, ts of an advisory.sent) -> n.  ``interest``: (run_key, broker_code,
-    dst_code) a broker sends to; ``stores``: (run_key, code) of the brokers that are stores
-    (job._store)."""
+def _narrow(coded: dict[str, RunCodes]) -> list[int]:
+    """The keys of the coded runs whose codes file lists OLD_HOT_EVENTS as hot."""
+    from treefed.scenario.parquet_parts import HOT_EVENTS
+
+    return [c.key for c in coded.values() if c.hot != HOT_EVENTS]
+
+
+def hot_facts(parsed: DataFrame, interest: DataFrame, stores: DataFrame,
+              narrow: list[int] | None = None) -> DataFrame:
+    """What the P (and S, T, L, A) sums of ``facts`` need of the coded HOT_EVENTS rows, by
+    integers: (run_key, broker_code, event_code, ts of an advisory.sent, a demand or
+    link event or a consumer.added, consumer_code of a consumer.added, ``useful``,
+    ``from_store``) -> count (``narrow``: the keys of the runs coded with
+    OLD_HOT_EVENTS).  ``useful``: the broker sends
+    to the destination of its advisory.received add or demand.created (``interest``:
+    (run_key, broker_code, dst_code)); ``from_store``: such an advisory's origin is a
+    store (``stores``: (run_key, code) of the brokers that are, job._store).  The count
+    bits of facts' P code and whether the broker itself is a store are worked out on
+    the driver (``_hot_rows``) over these grouped rows: per row, two joins and a hash
+    aggregate are all the JVM does (a third join and the code's arithmetic over every
+    row cost ~4 of 11 CPU s on make run's 15.2 M hot rows)."""
     from treefed.scenario.parquet_parts import EVENT_CODES
 
     event = F.shiftright(F.col("event_code"), 1)
@@ -491,53 +535,69 @@ def hot_facts(parsed: DataFrame, interest: DataFrame, stores: DataFrame) -> Data
     sent = event == EVENT_CODES.index("advisory.sent")
     received = add & (event == EVENT_CODES.index("advisory.received"))
     created = event == EVENT_CODES.index("demand.created")
-    rows = parsed.where(_hot(parsed)).select(
-        "run_key", "broker_code", "ts", sent.alias("sent"), (add & sent).alias("frame"),
-        received.alias("received"), created.alias("created"),
-        F.when(received, F.col("broker_code")).alias("j_broker"),
+    added = event == EVENT_CODES.index("consumer.added")
+    timed = event.isin(*(EVENT_CODES.index(e) for e in (
+        "advisory.sent", "demand.created", "demand.removed", "link.up", "link.down",
+        "consumer.added")))
+    rows = parsed.where(_hot(narrow)).select(
+        "run_key", "broker_code", "event_code",
+        F.when(timed, F.col("ts")).alias("ts"),
+        F.when(added, F.col("consumer_code")).alias("consumer_code"),
         F.when(received | created, F.col("broker_code")).alias("ji_broker"),
         F.when(received | created, F.col("dst_code")).alias("j_dst"),
         F.when(received, F.col("origin_code")).alias("j_origin"))
     i = interest.select(F.col("run_key").alias("i_key"), F.col("broker_code").alias("i_b"),
-                        F.col("dst_code").alias("i_d"), F.lit(True).alias("useful"))
-    at = stores.select(F.col("run_key").alias("a_key"), F.col("code").alias("a_code"),
-                       F.lit(True).alias("at_store"))
+                        F.col("dst_code").alias("i_d"), F.lit(True).alias("i_useful"))
     fr = stores.select(F.col("run_key").alias("f_key"), F.col("code").alias("f_code"),
-                       F.lit(True).alias("from_store"))
+                       F.lit(True).alias("f_store"))
     rows = (rows.join(F.broadcast(i), (F.col("run_key") == F.col("i_key"))
                       & (F.col("ji_broker") == F.col("i_b"))
                       & (F.col("j_dst") == F.col("i_d")), "left")
-            .join(F.broadcast(at), (F.col("run_key") == F.col("a_key"))
-                  & (F.col("j_broker") == F.col("a_code")), "left")
             .join(F.broadcast(fr), (F.col("run_key") == F.col("f_key"))
                   & (F.col("j_origin") == F.col("f_code")), "left"))
-    spilled = F.col("received") & F.col("useful").isNull()
-    at_store = F.col("at_store").isNotNull()
-    from_store = F.col("from_store").isNotNull()
-    code = (F.when(F.col("frame"), 1 << 3).otherwise(0)
-            + F.when(F.col("received"), 1 << 4).otherwise(0)
-            + F.when(spilled, 1 << 5).otherwise(0)
-            + F.when(spilled & at_store & from_store, 1 << 6).otherwise(0)
-            + F.when(spilled & at_store & ~from_store, 1 << 7).otherwise(0)
-            + F.when(F.col("created"), 1 << 8).otherwise(0)
-            + F.when(F.col("created") & F.col("useful").isNull(), 1 << 9).otherwise(0))
-    # ts: an advisory.sent's (S) or a demand.created's (T: bit 8 set)
-    return rows.groupBy("run_key", "broker_code", code.alias("code"),
-                        F.when(F.col("sent") | F.col("created"), F.col("ts")).alias("ts")
-                        ).count()
+    return rows.groupBy("run_key", "broker_code", "event_code", "ts", "consumer_code",
+                        F.col("i_useful").isNotNull().alias("useful"),
+                        F.col("f_store").isNotNull().alias("from_store")).count()
 
 
-def consumer_facts(parsed: DataFrame) -> DataFrame:
+def consumer_facts(parsed: DataFrame | None, demand: DataFrame | None) -> DataFrame:
     """facts' C sums for the coded demand.created rows: (run_key, consumer_code, ts) -> n
-    (apart from hot_facts: a joint key with the broker would not collapse)."""
-    return (parsed.where(_hot(parsed) & _event_in(("demand.created",)))
-            .groupBy("run_key", "consumer_code", "ts").count())
+    (apart from hot_facts: a joint key with the broker would not collapse).  ``demand``:
+    the runs' DEMAND_FILE rows (those rows already); ``parsed``: the parts of the coded
+    runs without one (their hot demand.created rows are picked out here)."""
+    frames = [] if demand is None else [demand.select("run_key", "consumer_code", "ts")]
+    if parsed is not None:
+        frames.append(parsed.where(_hot() & _event_in(("demand.created",)))
+                      .select("run_key", "consumer_code", "ts"))
+    rows = frames[0]
+    for more in frames[1:]:
+        rows = rows.unionByName(more)
+    return rows.groupBy("run_key", "consumer_code", "ts").count()
+
+
+def _demand_frames(spark: SparkSession, coded: dict[str, RunCodes],
+                   paths: list[str]) -> tuple[DataFrame | None, DataFrame | None]:
+    """consumer_facts' inputs: (the coded runs' parts that have no DEMAND_FILE, the
+    DEMAND_FILEs of the others), None where there are none."""
+    fields = T.StructType([T.StructField(c, _CODE_TYPES[c]) if c in _CODE_TYPES
+                           else T.StructField(c, T.DoubleType())
+                           for c in ("run_key", "consumer_code", "ts")])
+    runs = [coded[p] for p in paths if p in coded]
+    files = [c.demand for c in runs if c.demand is not None]
+    parts = [f for c in runs if c.demand is None for f in c.parts]
+    parsed = None
+    if parts:
+        schema = T.StructType(job._parquet_schema().fields
+                              + [T.StructField(c, t) for c, t in _CODE_TYPES.items()])
+        parsed = spark.read.schema(schema).parquet(*parts)
+    return parsed, (spark.read.schema(fields).parquet(*files) if files else None)
 
 
 def _code_tables(spark: SparkSession, coded: dict[str, RunCodes], dim_rows: list[dict],
                  covered: dict[str, set[tuple[str, str]]],
-                 roles: dict) -> tuple[DataFrame, DataFrame]:
-    """hot_facts' interest and stores tables for the coded runs, from pass 1's rows."""
+                 roles: dict) -> tuple[DataFrame, DataFrame, set[tuple[int, int]]]:
+    """hot_facts' interest and stores tables for the coded runs, from pass 1's rows, and
+    the stores as a set of (run_key, code) for ``_hot_rows``."""
     by_run = {c.run: c for c in coded.values()}
     index = {c.run: {b: k for k, b in enumerate(c.brokers)} for c in coded.values()}
     pairs: set[tuple[int, int, int]] = set()
@@ -555,7 +615,7 @@ def _code_tables(spark: SparkSession, coded: dict[str, RunCodes], dim_rows: list
               or site_tier(name) == "store"]
     interest = spark.createDataFrame(sorted(pairs),
                                      "run_key long, broker_code int, dst_code int")
-    return interest, spark.createDataFrame(stores, "run_key long, code int")
+    return interest, spark.createDataFrame(stores, "run_key long, code int"), set(stores)
 
 
 def _coded(paths: list[str], json_only: frozenset[str]) -> dict[str, RunCodes]:
@@ -578,7 +638,7 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
     alone leaves a task slot idle through its serial parts (planning, code generation, a
     last long task, the collect and its conversion)."""
     coded = _coded(paths, json_only)
-    parsed, every = _read(spark, paths, coded, json_only)
+    parsed, _ = _read(spark, paths, coded, json_only)
     cached: list[DataFrame] = []
     if any(p not in coded and (p in json_only or job.parquet_parts(p) is None)
            for p in paths):
@@ -602,7 +662,9 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
             _, every = _read(split, paths, coded, json_only)
             # needs nothing of pass 1: beside it (pass 1 is mostly the JVM's warm-up,
             # planning and generating code on one thread)
-            by_consumer = helper.submit(_in_pool, spark, consumer_facts(every).toArrow)
+            by_consumer = helper.submit(
+                _in_pool, spark,
+                consumer_facts(*_demand_frames(split, coded, paths)).toArrow)
         dims = dimensions(events).persist(StorageLevel.MEMORY_AND_DISK)
         cached.append(dims)
         # Arrow, not collect(): Row objects cost ~2 s of the driver's Python for make
@@ -618,8 +680,13 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
         if coded:
             # the code tables' Python (~1 s for make run) in the helper too: the string
             # pass below starts at once
-            hot = helper.submit(_in_pool, spark, lambda: hot_facts(
-                every, *_code_tables(split, coded, dim_rows, covered, roles)).toArrow())
+            def integer_pass() -> tuple:
+                code_interest, stores, store_codes = _code_tables(
+                    split, coded, dim_rows, covered, roles)
+                return (hot_facts(every, code_interest, stores, _narrow(coded)).toArrow(),
+                        store_codes)
+
+            hot = helper.submit(_in_pool, spark, integer_pass)
         interest = dims.where(F.col("kind") == "send").select("run", "broker", "dst")
         extra = [(run, b, d) for run, pairs in covered.items() for b, d in sorted(pairs)]
         if extra:
@@ -638,10 +705,10 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
                 return
             consumer_table = by_consumer.result()
             yield from _consumer_rows(consumer_table, coded)
-            hot_table = hot.result()
+            hot_table, store_codes = hot.result()
             step(f"pass 2 by codes ({hot_table.num_rows:,} + {consumer_table.num_rows:,} "
                  "rows), after the string pass's and consumer facts' rows were counted")
-            yield from _hot_rows(hot_table, coded)
+            yield from _hot_rows(hot_table, coded, store_codes)
 
         out = _assemble(spark, itertools.chain(_fact_rows(table), coded_rows()), info,
                         roles, summaries.result(), cached)
@@ -712,18 +779,60 @@ def _fact_rows(table) -> Iterator[tuple]:
         yield from zip(*cols)
 
 
-def _hot_rows(table, coded: dict[str, RunCodes]) -> Iterator[tuple]:
-    """hot_facts' rows as facts' P rows (and an S row per advisory.sent time)."""
+def _hot_rows(table, coded: dict[str, RunCodes],
+              stores: set[tuple[int, int]]) -> Iterator[tuple]:
+    """hot_facts' rows as facts' rows: a P row each, and the event's own fact as facts
+    makes it (T per demand.created / demand.removed time, S per advisory.sent time, L per
+    link event time, A per consumer.added).  The P code's count bits (facts' ``counts``,
+    from bit 3 up) come from the event code, ``useful``, ``from_store`` and whether the
+    broker is a store (worked out once per distinct combination: a few)."""
+    from treefed.scenario.parquet_parts import EVENT_CODES
+
+    sent, received, created, removed, stranded, added, up, down = (
+        EVENT_CODES.index(e) for e in (
+            "advisory.sent", "advisory.received", "demand.created", "demand.removed",
+            "message.stranded", "consumer.added", "link.up", "link.down"))
     by_key = {c.key: c for c in coded.values()}
-    cols = [table.column(n).to_pylist() for n in ("run_key", "broker_code", "code", "ts",
-                                                  "count")]
-    for key, broker, code, ts, n in zip(*cols):
+    bits: dict[tuple, int] = {}
+    cols = [table.column(n).to_pylist() for n in (
+        "run_key", "broker_code", "event_code", "ts", "consumer_code", "useful",
+        "from_store", "count")]
+    for key, broker_code, event_code, ts, consumer, useful, from_store, n in zip(*cols):
         c = by_key[key]
-        yield ("P", c.run, c.brokers[broker], None, None, None, code, n)
-        if code & (1 << 8):       # demand.created: +n held at the broker at ts
-            yield ("T", c.run, c.brokers[broker], None, None, ts, 0, n)
-        elif ts is not None:
+        at_store = (key, broker_code) in stores
+        shape = (event_code, useful, from_store, at_store)
+        code = bits.get(shape)
+        event = event_code >> 1
+        if code is None:
+            add = not event_code & 1
+            is_received = add and event == received
+            spilled = is_received and not useful
+            code = bits[shape] = (
+                (1 << 3 if add and event == sent else 0)
+                | (1 << 4 if is_received else 0)
+                | (1 << 5 if spilled else 0)
+                | (1 << 6 if spilled and at_store and from_store else 0)
+                | (1 << 7 if spilled and at_store and not from_store else 0)
+                | (1 << 8 if event == created else 0)
+                | (1 << 9 if event == created and not useful else 0)
+                | (1 << 11 if event == stranded else 0))
+        broker = c.brokers[broker_code]
+        yield ("P", c.run, broker, None, None, None, code, n)
+        if event == created:      # +n held at the broker at ts
+            yield ("T", c.run, broker, None, None, ts, 0, n)
+        elif event == removed:
+            yield ("T", c.run, broker, None, None, ts, 0, -n)
+        elif event == sent:
             yield ("S", c.run, None, None, None, ts, 0, n)
+        elif event == up or event == down:
+            yield ("L", c.run, None, EVENT_CODES[event], None, ts, 0, n)
+        elif event == added:      # facts' qualified consumer id
+            name = None if consumer is None else c.consumers[consumer]
+            if name is None:
+                name = broker
+            elif not name.startswith(broker + "/"):
+                name = broker + "/" + name
+            yield ("A", c.run, None, name, None, ts, 0, n)
 
 
 def _consumer_rows(table, coded: dict[str, RunCodes]) -> Iterator[tuple]:

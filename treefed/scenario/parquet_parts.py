@@ -39,7 +39,9 @@ import pyarrow.parquet as pq
 from treefed import events
 
 __all__ = ["ARROW_TYPES", "ROW_GROUP_LINES", "arrow_schema", "coded_schema", "ParquetParts",
-           "Coder", "CODE_COLUMNS", "EVENT_CODES", "CODES_FILE", "HOT_EVENTS", "REST_FILE", "part_name",
+           "Coder", "CODE_COLUMNS", "EVENT_CODES", "CODES_FILE", "HOT_EVENTS", "OLD_HOT_EVENTS",
+           "REST_FILE",
+           "DEMAND_FILE", "DEMAND_COLUMNS", "demand_schema", "part_name",
            "parquet_problems", "run_key"]
 
 ARROW_TYPES: dict[str, pa.DataType] = {
@@ -82,13 +84,33 @@ CODE_COLUMNS: dict[str, pa.DataType] = {
 }
 CODES_FILE = "events.codes.json"
 
-#: The events the job counts by their codes alone (90 % of make run's rows: advisories
-#: of TTL meshes).  Every other row (and such a row without a broker, or with a wildcard
-#: destination) is also copied to REST_FILE, so the job reads the strings of ~10 % of the rows: a Parquet reader
-#: decodes every column it selects for every row, whatever a filter later keeps.
+#: The events the job counts by their codes alone (96 % of make run's rows: advisories
+#: of TTL meshes, then link, consumer-added and stranded events: what the job needs of
+#: them is the event, broker, consumer and ts).  Every other row (and such a row without
+#: a broker, or with a wildcard destination) is also copied to REST_FILE, so the job
+#: reads the strings of ~3 % of the rows: a Parquet reader decodes every column it
+#: selects for every row, whatever a filter later keeps.  The codes file records the
+#: list (``hot``): the job reads runs written with OLD_HOT_EVENTS by that list.
 HOT_EVENTS: tuple[str, ...] = ("advisory.sent", "advisory.received", "advisory.dropped",
-                               "demand.created")
+                               "demand.created", "demand.removed", "link.up", "link.down",
+                               "consumer.added", "consumer.removed", "message.stranded",
+                               "message.dropped")
+#: The hot list of runs written before the link, consumer and stranded events were hot.
+OLD_HOT_EVENTS: tuple[str, ...] = HOT_EVENTS[:4]
 REST_FILE = "events.rest.parquet"
+
+#: The hot demand.created rows' DEMAND_COLUMNS again, in a file of their own: the job's
+#: per-consumer sums (passes.consumer_facts) read them there (5 % of make run's rows)
+#: instead of scanning every row of the parts for them.  The codes file lists it
+#: (``demand``: file, rows); a run without it is read from its parts as before.
+DEMAND_FILE = "events.demand.parquet"
+DEMAND_COLUMNS: tuple[str, ...] = ("run_key", "consumer_code", "ts")
+
+
+def demand_schema() -> pa.Schema:
+    """DEMAND_FILE's columns, typed as in coded_schema."""
+    coded = coded_schema()
+    return pa.schema([coded.field(n) for n in DEMAND_COLUMNS])
 
 
 def coded_schema() -> pa.Schema:
@@ -179,14 +201,25 @@ class Coder:
         plain = pc.fill_null(pc.greater_equal(table.column("dst_code"), 0), True)
         return table.filter(pc.invert(pc.and_(hot, plain)))
 
-    def write(self, folder: Path, rest_rows: int) -> str:
-        """Write the dictionaries (and REST_FILE's row count) to ``folder/CODES_FILE``;
-        return its name."""
+    @staticmethod
+    def demand(table: pa.Table) -> pa.Table:
+        """DEMAND_COLUMNS of an encoded table's hot demand.created rows."""
+        created = pc.equal(pc.shift_right(table.column("event_code"), 1),
+                           EVENT_CODES.index("demand.created"))
+        hot = pc.and_(pc.fill_null(created, False), pc.is_valid(table.column("broker_code")))
+        plain = pc.fill_null(pc.greater_equal(table.column("dst_code"), 0), True)
+        return table.filter(pc.and_(hot, plain)).select(list(DEMAND_COLUMNS))
+
+    def write(self, folder: Path, rest_rows: int, demand_rows: int | None = None) -> str:
+        """Write the dictionaries (and REST_FILE's and DEMAND_FILE's row counts) to
+        ``folder/CODES_FILE``; return its name."""
         data = {"run_key": self.key, "events": list(EVENT_CODES), "hot": list(HOT_EVENTS),
                 "rest": {"file": REST_FILE, "rows": rest_rows},
                 "brokers": sorted(self.brokers, key=self.brokers.__getitem__),
                 "consumers": sorted(self.consumers, key=self.consumers.__getitem__),
                 "dsts": {name: code for name, code in self.dsts.items()}}
+        if demand_rows is not None:
+            data["demand"] = {"file": DEMAND_FILE, "rows": demand_rows}
         tmp = folder / (CODES_FILE + ".tmp")
         tmp.write_text(json.dumps(data), encoding="utf-8")
         os.replace(tmp, folder / CODES_FILE)
@@ -214,6 +247,8 @@ class ParquetParts:
         self.codes: str | None = None
         self._rest: pq.ParquetWriter | None = None
         self._rest_rows = 0
+        self._demand: pq.ParquetWriter | None = None
+        self._demand_rows = 0
         self._part_lines = part_lines
         self._group_lines = row_group_lines
         self._pending: list[bytes] = []
@@ -257,6 +292,13 @@ class ParquetParts:
             if len(rest):   # an empty row group makes Spark's reader warn, once per split
                 self._rest.write_table(rest, row_group_size=len(rest))
                 self._rest_rows += len(rest)
+            demand = self.coder.demand(table)
+            if self._demand is None:
+                self._demand = pq.ParquetWriter(self.folder / DEMAND_FILE, demand_schema(),
+                                                compression="snappy")
+            if len(demand):
+                self._demand.write_table(demand, row_group_size=len(demand))
+                self._demand_rows += len(demand)
         if self._writer is None:
             name = part_name(len(self.parts))
             self._writer = pq.ParquetWriter(self.folder / name, self._out_schema,
@@ -281,6 +323,10 @@ class ParquetParts:
             self._rest.close()
             self._rest = None
         (self.folder / REST_FILE).unlink(missing_ok=True)
+        if self._demand is not None:
+            self._demand.close()
+            self._demand = None
+        (self.folder / DEMAND_FILE).unlink(missing_ok=True)
         self._close_part()
         for name, _ in self.parts:
             (self.folder / name).unlink(missing_ok=True)
@@ -295,8 +341,11 @@ class ParquetParts:
         if self._rest is not None:
             self._rest.close()
             self._rest = None
+        if self._demand is not None:
+            self._demand.close()
+            self._demand = None
         if self.error is None and self.coder is not None and self.parts:
-            self.codes = self.coder.write(self.folder, self._rest_rows)
+            self.codes = self.coder.write(self.folder, self._rest_rows, self._demand_rows)
 
     @property
     def rows(self) -> int:
