@@ -36,6 +36,7 @@ from typing import Collection, Sequence
 
 from treefed.errors import TreefedError
 from treefed.federation.settings import KINDS, LinkSettings, TreeSettings
+from treefed.federation.sharing import Sharing
 from treefed.wire.frames import Hello
 
 __all__ = ["LinkPlan", "Refusal", "plan_link", "check_tree_hello", "listener_settings"]
@@ -110,9 +111,11 @@ def listener_settings(hello: Hello, *, accept_mesh: bool = True) -> LinkSettings
 def plan_link(local: LinkSettings, remote: Hello, *, me: str, dialed: bool,
               tree: TreeSettings | None, ancestry: Sequence[str] = (),
               accept_children: bool = True, has_parent: bool = False,
-              children: Collection[str] = ()) -> LinkPlan | Refusal:
+              children: Collection[str] = (),
+              sharing: Sharing | None = None) -> LinkPlan | Refusal:
     """Decide a broker link (see the module docstring).  ``children``: broker ids linked
-    below us now (as our tree children or inside a child's subtree)."""
+    below us now (as our tree children or inside a child's subtree).  ``sharing``: where
+    the dialer's options, once validated, are kept for the next link that sends them."""
     settings = local
     if not dialed:
         if local.kind == "tree" and remote.connector != "tree":
@@ -121,7 +124,9 @@ def plan_link(local: LinkSettings, remote: Hello, *, me: str, dialed: bool,
             link = dict(kind=remote.connector or local.kind,
                         name=remote.link_name or local.name,
                         duplex=remote.duplex, node_type=None)
-            settings = LinkSettings.from_options(remote.options, **link) \
+            rebuild = sharing.link_settings if sharing is not None \
+                else LinkSettings.from_options
+            settings = rebuild(remote.options, **link) \
                 if remote.options else replace(local, **link)
             # a protective limit is ours to set: the dialer may only lower it
             cap = min(settings.max_demand_per_link, local.max_demand_per_link)

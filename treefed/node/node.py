@@ -531,11 +531,12 @@ class BrokerNode:
     def _connectors(self) -> list[tuple[LinkSettings, str, str, tuple[str, str]]]:
         out = []
         tc = self.config.tree_connector
+        build = self.site.sharing.new_settings   # equal settings: one validation (#14)
         if tc is not None:
-            out.append((tc.link_settings(), tc.uri, "tree_connector.uri",
+            out.append((tc.link_settings(build), tc.uri, "tree_connector.uri",
                         (tc.username, tc.password)))
         for i, nc in enumerate(self.config.network_connectors):
-            out.append((nc.link_settings(), nc.uri, f"network_connector[{i}].uri",
+            out.append((nc.link_settings(build), nc.uri, f"network_connector[{i}].uri",
                         (nc.username, nc.password)))
         return out
 
