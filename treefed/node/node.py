@@ -288,6 +288,14 @@ def _client_ids(fields: dict) -> dict:
     return fields
 
 
+def _client_log(a: Log) -> Log:
+    """``a`` with its message named as ``_client_ids`` names it (a new Log if it changed)."""
+    msg = a.fields.get("msg")
+    if type(msg) is str and SCOPE_SEP in msg:
+        return Log(a.event, {**a.fields, "msg": original(msg)})
+    return a
+
+
 #: frames answering a client's request by its id (the id the client chose is shown)
 _ANSWERS = frozenset((Receipt, Error))
 
@@ -435,11 +443,15 @@ class BrokerNode:
                  rng: random.Random | None = None,
                  event_sink: Callable[[str, dict], None] | None = None,
                  open_stream: Callable[[Endpoint], Awaitable[trio.abc.Stream]] | None = None,
-                 sharing: Sharing | None = None) -> None:
+                 sharing: Sharing | None = None,
+                 event_logs: Callable[[list], None] | None = None) -> None:
         # Hooks for the scenario engines (scenario/engines/live.py): ``event_sink(event,
         # fields)`` receives every Log action instead of structlog; ``open_stream(endpoint)``
-        # dials broker links instead of TCP (in-memory links, cut links).
+        # dials broker links instead of TCP (in-memory links, cut links).  ``event_logs(logs)``,
+        # if given, takes the place of ``event_sink``: the Log actions of one step at once,
+        # in order, refused advisories as their Log, message ids unscoped (issue #14).
         self._event_sink = event_sink
+        self._event_logs = event_logs
         self._open_stream = open_stream
         b = config.broker
         self.config = config
@@ -1290,6 +1302,7 @@ class BrokerNode:
             consumed: list = []
             deferred: list = []
             pages: list = []
+            logs = [] if self._event_logs is not None else None   # one call per step
             for a in actions:
                 kind = type(a)
                 if kind is Out or kind is Close:
@@ -1301,9 +1314,15 @@ class BrokerNode:
                     if a.consumed:
                         consumed.append(a.msg_id)
                 elif kind is Log:
-                    self._log_event(a)
+                    if logs is None:
+                        self._log_event(a)
+                    else:
+                        logs.append(_client_log(a) if a.event.startswith("message.") else a)
                 elif kind is Drop:
-                    self._log_drop(a, now)
+                    if logs is None:
+                        self._log_drop(a, now)
+                    else:
+                        logs.append(a.log())
                 elif kind is Pause:
                     c = conns.get(a.conn)
                     if c is not None:
@@ -1316,6 +1335,8 @@ class BrokerNode:
                         c.resume = trio.Event()
                 elif kind is PageIn:
                     pages.append(a)
+            if logs:
+                self._event_logs(logs)
             refused = None
             if self._pageable:
                 await self._page_in(stores, deferred)

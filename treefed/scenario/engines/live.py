@@ -30,8 +30,8 @@ parent.
 
 Applications are one raw protocol client per site (``App``): hello, subscriptions with
 the plan's ids, sends with the plan's message ids, an ack for every delivery.  Events
-reach the Recorder through the node's ``event_sink`` hook; the node's own structlog
-lines are not part of the event log.
+reach the Recorder through the node's ``event_logs`` hook (a step's lines in one call); the
+node's own structlog lines are not part of the event log.
 """
 
 from __future__ import annotations
@@ -489,11 +489,15 @@ class LiveEngine:
         def sink(event: str, fields: dict) -> None:
             self.rec.emit(trio.current_time() - self._t0, broker_id, event, fields)
 
+        def sink_logs(logs: list) -> None:   # a step's Log actions: one call (issue #14)
+            self.rec.emit_logs(trio.current_time() - self._t0, broker_id, logs)
+
         async def dial(endpoint: Endpoint) -> trio.abc.Stream:
             return await self._dial(site)
 
         node = BrokerNode(self._config(site), store=site.store, rng=site.rng,
-                          event_sink=sink, open_stream=dial, sharing=self._sharing)
+                          event_sink=sink, open_stream=dial, sharing=self._sharing,
+                          event_logs=sink_logs)
         if site.store.stats()["rows"] or site.store.load_consumed():
             node.restore()   # messages, and the ids its consumers already took
         site.stopped = trio.Event()
