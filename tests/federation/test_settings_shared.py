@@ -42,15 +42,16 @@ def validations(monkeypatch) -> list:
 
 def test_a_tree_estate_validates_each_distinct_settings_once(validations) -> None:
     """retail-small's 13 sites, 12 tree links: one validation per distinct settings (a
-    leaf's and a branch's connector, the acceptor's rebuilt leaf and branch settings)
-    plus the acceptor's plain settings per link -- not 36 (three per link) as before."""
+    leaf's and a branch's connector, the acceptor's rebuilt leaf and branch settings,
+    its plain settings) -- not 36 (three per link) as before, nor 16 (the acceptor's
+    plain settings once per link: ``listener_settings`` shares them too)."""
     sc = load_scenario(SCENARIOS / "retail-small.toml")
     plan = build_plan(sc)
     links = len(plan.topology.brokers) - 1
     figures = MemoryEngine(plan, sc.mode("tree"), Recorder(plan, _Lines())).run()["outcome"]
     assert figures["delivered"] == figures["expected"] > 0
     assert links == 12
-    assert len(validations) <= 4 + links, validations
+    assert len(validations) <= 5, validations
 
 
 def test_equal_options_share_one_settings_object(validations) -> None:

@@ -100,12 +100,15 @@ def check_tree_hello(site_settings: TreeSettings | None, hello: Hello, *, me: st
     return None
 
 
-def listener_settings(hello: Hello, *, accept_mesh: bool = True) -> LinkSettings | str:
-    """The accepting side's settings for a dialer's ``hello``, or why it is refused."""
+def listener_settings(hello: Hello, *, accept_mesh: bool = True,
+                      sharing: Sharing | None = None) -> LinkSettings | str:
+    """The accepting side's settings for a dialer's ``hello``, or why it is refused.
+    ``sharing``: equal settings validated once (``Sharing.new_settings``)."""
     kind = hello.connector if hello.connector in KINDS else "mesh"
     if kind == "mesh" and not accept_mesh:
         return "this broker accepts no mesh links"
-    return LinkSettings(kind=kind, name=hello.link_name or kind)
+    new_settings = sharing.new_settings if sharing is not None else LinkSettings
+    return new_settings(kind=kind, name=hello.link_name or kind)
 
 
 def plan_link(local: LinkSettings, remote: Hello, *, me: str, dialed: bool,

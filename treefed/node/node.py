@@ -1152,7 +1152,8 @@ class BrokerNode:
         if c.dialer is not None:
             settings = c.dialer.settings
         else:
-            settings = listener_settings(hello, accept_mesh=self.config.broker.accept_mesh)
+            settings = listener_settings(hello, accept_mesh=self.config.broker.accept_mesh,
+                                         sharing=self.site.sharing)   # validated once (#14)
             if type(settings) is str:
                 self._refuse(c, RemoteError(settings, code="link_refused"), "mesh refused",
                              actions)
