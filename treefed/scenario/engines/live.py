@@ -120,6 +120,9 @@ class SiteConfigs:
     def __init__(self, mode: Mode) -> None:
         self.mode = mode
         self._shapes: dict[str, BrokerConfig] = {}
+        # (shape, parent URI) -> the shape's connectors with that URI, checked: a parent's
+        # children share them (issue #14: a URI check and a copy per site before)
+        self._links: dict[tuple[int, str], tuple] = {}
 
     def get(self, spec: BrokerSpec, *, parent: str | None, uri: Callable[[str], str],
             listen: tuple[str, ...] = ()) -> BrokerConfig:
@@ -132,7 +135,7 @@ class SiteConfigs:
         if cfg is None:
             cfg = self._shapes[shape] = parse_config(
                 self._template(doc, spec.id, parent_uri, uri))
-        return self._fill(cfg, spec.id, parent_uri, uri)
+        return self._fill(cfg, spec.id, parent_uri, uri, self._links)
 
     def _template(self, doc: dict, site: str, parent_uri: str | None,
                   uri: Callable[[str], str]) -> dict:
@@ -148,14 +151,20 @@ class SiteConfigs:
 
     @staticmethod
     def _fill(cfg: BrokerConfig, site: str, parent_uri: str | None,
-              uri: Callable[[str], str]) -> BrokerConfig:
+              uri: Callable[[str], str], links: dict | None = None) -> BrokerConfig:
+        """``cfg`` (a shape's parse) for ``site``; ``links``: the connectors already
+        filled in for a (shape, parent URI), kept while ``cfg`` is (configs are frozen)."""
         from treefed.config import _identifier, _uri   # parse_config's own checks
 
         _identifier(site, "broker.id")
         broker = dataclasses.replace(cfg.broker, id=site, name=site, data_dir=f"data/{site}")
         tc, ncs = cfg.tree_connector, cfg.network_connectors
         if parent_uri is not None:
-            if tc is not None:
+            key = (id(cfg), parent_uri)
+            hit = links.get(key) if links is not None else None
+            if hit is not None and hit[0] is cfg:
+                tc, ncs = hit[1], hit[2]
+            elif tc is not None:
                 tc = dataclasses.replace(
                     tc, uri=_uri("tcp://", "ssl://", "failover:")(parent_uri,
                                                                  "tree_connector.uri"))
@@ -163,6 +172,8 @@ class SiteConfigs:
                 mesh = _uri("static:", "tcp://", "ssl://", "failover:")(
                     f"static:({parent_uri})", "network_connector[0].uri")
                 ncs = (dataclasses.replace(ncs[0], uri=mesh),)
+            if links is not None and hit is None:
+                links[key] = (cfg, tc, ncs)
         return dataclasses.replace(cfg, broker=broker, tree_connector=tc,
                                    network_connectors=ncs)
 
