@@ -103,3 +103,30 @@ def test_the_tables_stay_bounded(validations) -> None:
         assert sharing.link_settings({"name": f"l{i}"}).name == f"l{i}"
         assert sharing.new_settings(name=f"n{i}").name == f"n{i}"
     assert len(sharing.settings) <= SETTINGS_LIMIT and len(sharing.built) <= SETTINGS_LIMIT
+
+
+@pytest.mark.parametrize("settings", [
+    LinkSettings(kind="tree", name="tree"),
+    LinkSettings(kind="tree", name="tree", node_type="leaf", summary_budget=8,
+                 summary_owned=("queue://Store.{broker}.>",),
+                 dynamically_included=("queue://Store.>",)),
+    LinkSettings(kind="mesh", name="m1", duplex=True, excluded=("topic://X.>",)),
+], ids=["default", "summary", "mesh"])
+def test_to_options_lists_the_fields_once(settings, monkeypatch) -> None:
+    """A dialer's hello options (one per link: 4,004 in a 4 x 1,000 estate) come from
+    the field list made at import, not ``dataclasses.fields`` per call; the same dict as
+    the per-call loop made (tuples as lists, unset summary fields left out)."""
+    import dataclasses
+
+    import treefed.federation.settings as settings_mod
+
+    want = {}
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        if f.name in ("summary_budget", "summary_owned") and value == f.default:
+            continue
+        want[f.name] = list(value) if isinstance(value, tuple) else value
+    calls: list = []
+    monkeypatch.setattr(settings_mod, "fields", lambda obj: calls.append(obj) or ())
+    assert settings.to_options() == want
+    assert calls == []

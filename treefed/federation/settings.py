@@ -142,11 +142,14 @@ class LinkSettings:
     def to_options(self) -> dict[str, Any]:
         """Plain CBOR-able dict for ``Hello.options`` (tuples become lists)."""
         out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in _SILENT_DEFAULTS and value == f.default:
+        # LinkSettings' fields listed once (``dataclasses.fields`` per call: issue #14)
+        plan = _OPTION_FIELDS if type(self) is LinkSettings else \
+            [(f.name, f.name in _SILENT_DEFAULTS, f.default) for f in fields(self)]
+        for name, silent, default in plan:
+            value = getattr(self, name)
+            if silent and value == default:
                 continue   # issue 18 part 2: an unset summary leaves the hello unchanged
-            out[f.name] = list(value) if isinstance(value, tuple) else value
+            out[name] = list(value) if isinstance(value, tuple) else value
         return out
 
     @classmethod
@@ -168,6 +171,9 @@ class LinkSettings:
 
 #: LinkSettings' field names (``dataclasses.fields`` is slow for a per-link call)
 _FIELD_NAMES = frozenset(f.name for f in fields(LinkSettings))
+#: ``to_options``' plan: (name, left out when it is its default, default) per field
+_OPTION_FIELDS = tuple((f.name, f.name in _SILENT_DEFAULTS, f.default)
+                       for f in fields(LinkSettings))
 #: value types ``options_key`` takes as they are (a float goes by its repr: 0.0, -0.0)
 _PLAIN = frozenset((str, int, bool, type(None)))
 
