@@ -12,7 +12,7 @@ import trio
 
 from treefed.core.actions import Drop, Log
 from treefed.node import BrokerNode
-from treefed.node.node import _client_log
+from treefed.node.node import _client_ids, _client_log
 from treefed.scenario.engines.memory import MemoryEngine
 from treefed.scenario.results import Recorder
 from treefed.scenario.spec import load_scenario
@@ -83,10 +83,11 @@ def test_message_events_name_the_producers_ids() -> None:
 def test_client_log_unscopes_only_a_scoped_message() -> None:
     plain = Log("message.produced", {"msg": "m-1", "dst": "queue://a"})
     assert _client_log(plain) is plain
+    assert plain.fields == {"msg": "m-1", "dst": "queue://a"}
     scoped = Log("message.produced", {"msg": f"m-1{SCOPE_SEP}3", "dst": "queue://a"})
     got = _client_log(scoped)
-    assert got.fields == {"msg": "m-1", "dst": "queue://a"}
-    assert scoped.fields["msg"] == f"m-1{SCOPE_SEP}3"   # the action itself is not changed
+    assert got.fields == {"msg": "m-1", "dst": "queue://a"} == {**_client_ids(
+        {"msg": f"m-1{SCOPE_SEP}3", "dst": "queue://a"})}   # as the per-event path
 
 
 def test_a_refused_advisory_keeps_its_place_among_the_lines() -> None:

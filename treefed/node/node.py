@@ -289,10 +289,13 @@ def _client_ids(fields: dict) -> dict:
 
 
 def _client_log(a: Log) -> Log:
-    """``a`` with its message named as ``_client_ids`` names it (a new Log if it changed)."""
-    msg = a.fields.get("msg")
+    """``a`` with its message named as ``_client_ids`` names it.  Changed in place: the
+    core makes a message event's fields for that one Log, and the shell is their last
+    reader (no new Log and dict per event, issue #14)."""
+    fields = a.fields
+    msg = fields.get("msg")
     if type(msg) is str and SCOPE_SEP in msg:
-        return Log(a.event, {**a.fields, "msg": original(msg)})
+        fields["msg"] = msg.rpartition(SCOPE_SEP)[0]   # wire.ids.original, inlined
     return a
 
 
@@ -715,11 +718,14 @@ class BrokerNode:
         try:
             # a peer that connects and never says hello must not hold a socket forever
             timeout = self.config.broker.hello_timeout
-            with trio.move_on_after(timeout) as hello_wait:
-                frames = await framed.receive_frames()
-            if hello_wait.cancelled_caught:
-                raise FrameError(f"no hello within {timeout:g} s",
-                                 code="hello_timeout")
+            if type(framed) is FrameEnd and framed.receive_ready():
+                frames = await framed.receive_frames()   # here already: no timer (#14)
+            else:
+                with trio.move_on_after(timeout) as hello_wait:
+                    frames = await framed.receive_frames()
+                if hello_wait.cancelled_caught:
+                    raise FrameError(f"no hello within {timeout:g} s",
+                                     code="hello_timeout")
             c.last_rx = trio.current_time()
             # with authentication on, an accepted peer reaches the site task only once
             # its hello passed; a refused one has its error queued and is drained below

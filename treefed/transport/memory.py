@@ -351,6 +351,12 @@ class FrameEnd(trio.abc.HalfCloseableStream):
         inc.frames = []
         return frames
 
+    def receive_ready(self) -> bool:
+        """True when ``receive_frames`` will not wait: frames are here, or the stream
+        ended (a node's reader then needs no hello timeout: issue #14)."""
+        inc = self._in
+        return bool(inc.frames) or inc.eof or self._closed
+
     def deliver_to(self, deliver: Callable[[list], Any]) -> None:
         """From now on, frames sent to this end are handed to ``deliver(frames)`` in the
         sender's call instead of waiting for ``receive_frames`` (frames already waiting
