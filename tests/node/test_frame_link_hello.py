@@ -90,3 +90,21 @@ def test_a_silent_frame_link_peer_is_closed_after_the_hello_timeout() -> None:
     _, at, error = got[0]
     assert error.code == "hello_timeout" and "0.5 s" in error.message
     assert at >= 0.5
+
+
+def test_a_waiting_hello_is_taken_without_a_task_step(monkeypatch) -> None:
+    """The accepted end's reader takes a hello that is waiting without a checkpoint of its
+    own (``FrameEnd.take_frames``): ``receive_frames`` is not awaited for it."""
+    from treefed.transport.memory import FrameEnd
+
+    waits: list = []
+    receive = FrameEnd.receive_frames
+
+    async def counted(self):
+        waits.append(self.receive_ready())
+        return await receive(self)
+
+    monkeypatch.setattr(FrameEnd, "receive_frames", counted)
+    got = _serve(near_hello=True)
+    assert [t for t, _, _ in got] == [Hello]
+    assert True not in waits, waits   # no receive found its frames already waiting

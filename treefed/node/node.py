@@ -719,7 +719,7 @@ class BrokerNode:
             # a peer that connects and never says hello must not hold a socket forever
             timeout = self.config.broker.hello_timeout
             if type(framed) is FrameEnd and framed.receive_ready():
-                frames = await framed.receive_frames()   # here already: no timer (#14)
+                frames = framed.take_frames()   # here already: no timer, no wait (#14)
             else:
                 with trio.move_on_after(timeout) as hello_wait:
                     frames = await framed.receive_frames()

@@ -343,6 +343,12 @@ class FrameEnd(trio.abc.HalfCloseableStream):
                 await inc.wait()
         else:
             await trio.lowlevel.checkpoint()
+        return self.take_frames()
+
+    def take_frames(self) -> list:
+        """``receive_frames`` without its checkpoint, once ``receive_ready()``: the
+        frames here (never empty), or trio.EndOfChannel / ClosedResourceError."""
+        inc = self._in
         if self._closed:
             raise trio.ClosedResourceError("this end is closed")
         frames = inc.frames
