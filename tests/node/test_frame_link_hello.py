@@ -108,3 +108,19 @@ def test_a_waiting_hello_is_taken_without_a_task_step(monkeypatch) -> None:
     got = _serve(near_hello=True)
     assert [t for t, _, _ in got] == [Hello]
     assert True not in waits, waits   # no receive found its frames already waiting
+
+
+def test_a_waiting_hello_reaches_the_site_task_without_a_checkpoint(monkeypatch) -> None:
+    """Nor is the inbox's awaited ``send`` used to hand it on (``send_nowait``: the
+    reader's next wait is its checkpoint) -- a second task step fewer per accepted link."""
+    sends: list = []
+    send = trio.MemorySendChannel.send
+
+    async def counted(self, value):
+        sends.append(value)
+        return await send(self, value)
+
+    monkeypatch.setattr(trio.MemorySendChannel, "send", counted)
+    got = _serve(near_hello=True)
+    assert [t for t, _, _ in got] == [Hello]
+    assert sends == [], sends

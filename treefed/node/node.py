@@ -732,7 +732,13 @@ class BrokerNode:
             if (self._auth is None or c.dialer is not None
                     or await self._authenticate(c, frames[0])):
                 self._inbox_bytes += _body_bytes(frames)
-                await inbox.send((c, frames))
+                if type(framed) is not FrameEnd:
+                    await inbox.send((c, frames))
+                else:   # no checkpoint here: the wait below is the reader's (#14)
+                    try:
+                        inbox.send_nowait((c, frames))
+                    except trio.WouldBlock:
+                        await inbox.send((c, frames))
             while not c.closing:
                 if c.paused:
                     await c.resume.wait()
