@@ -174,11 +174,13 @@ class TreeConnectorConfig:
     summary_owned: tuple[str, ...] = ()   # "queue://Store.{broker}.>": queues owned by
     #                                  the broker a segment names (routed by subtree)
 
-    def link_settings(self) -> Any:
-        """Settings for the federation Bridge of this link (``kind="tree"``)."""
+    def link_settings(self, build: Any = None) -> Any:
+        """Settings for the federation Bridge of this link (``kind="tree"``); ``build``:
+        in place of ``LinkSettings`` (``Sharing.new_settings``: validated once)."""
         from treefed.federation.settings import LinkSettings
 
-        return LinkSettings(kind="tree", name="tree", node_type=self.node_type,
+        new_settings = build or LinkSettings
+        return new_settings(kind="tree", name="tree", node_type=self.node_type,
                             route_unknown_up=self.route_unknown_up,
                             max_demand_per_link=self.max_interest_per_child,
                             advertise_down=self.advertise_down,
@@ -218,14 +220,15 @@ class NetworkConnectorConfig:
     username: str = ""               # credentials sent in our hello ("" = none)
     password: str = ""
 
-    def link_settings(self) -> Any:
+    def link_settings(self, build: Any = None) -> Any:
         """Settings for the federation Bridge of this link (``kind="mesh"``); the uri and
-        credentials are the transport's business, not the bridge's."""
+        credentials are the transport's business, not the bridge's.  ``build``: in place
+        of ``LinkSettings`` (``Sharing.new_settings``: validated once)."""
         from treefed.federation.settings import LinkSettings
 
         values = {f.name: getattr(self, f.name) for f in fields(self)
                   if f.name not in _NOT_LINK_SETTINGS}
-        return LinkSettings(kind="mesh", **values)
+        return (build or LinkSettings)(kind="mesh", **values)
 
 
 _NOT_LINK_SETTINGS = ("uri", "username", "password")

@@ -757,7 +757,8 @@ class Broker:
         d = Dest(name, self.policies.for_destination(name))
         found = self._subs.match(name)
         if found:
-            d.consumers = sorted(found, key=lambda c: (-c.priority, c.seq))
+            d.consumers = sorted(found, key=lambda c: (-c.priority, c.seq)) \
+                if len(found) > 1 else list(found)   # one: no sort call (issue #14)
             for c in d.consumers:
                 if c.dests is NO_DESTS:
                     c.dests = {}

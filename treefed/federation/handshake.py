@@ -36,6 +36,7 @@ from typing import Collection, Sequence
 
 from treefed.errors import TreefedError
 from treefed.federation.settings import KINDS, LinkSettings, TreeSettings
+from treefed.federation.sharing import Sharing
 from treefed.wire.frames import Hello
 
 __all__ = ["LinkPlan", "Refusal", "plan_link", "check_tree_hello", "listener_settings"]
@@ -99,20 +100,25 @@ def check_tree_hello(site_settings: TreeSettings | None, hello: Hello, *, me: st
     return None
 
 
-def listener_settings(hello: Hello, *, accept_mesh: bool = True) -> LinkSettings | str:
-    """The accepting side's settings for a dialer's ``hello``, or why it is refused."""
+def listener_settings(hello: Hello, *, accept_mesh: bool = True,
+                      sharing: Sharing | None = None) -> LinkSettings | str:
+    """The accepting side's settings for a dialer's ``hello``, or why it is refused.
+    ``sharing``: equal settings validated once (``Sharing.new_settings``)."""
     kind = hello.connector if hello.connector in KINDS else "mesh"
     if kind == "mesh" and not accept_mesh:
         return "this broker accepts no mesh links"
-    return LinkSettings(kind=kind, name=hello.link_name or kind)
+    new_settings = sharing.new_settings if sharing is not None else LinkSettings
+    return new_settings(kind=kind, name=hello.link_name or kind)
 
 
 def plan_link(local: LinkSettings, remote: Hello, *, me: str, dialed: bool,
               tree: TreeSettings | None, ancestry: Sequence[str] = (),
               accept_children: bool = True, has_parent: bool = False,
-              children: Collection[str] = ()) -> LinkPlan | Refusal:
+              children: Collection[str] = (),
+              sharing: Sharing | None = None) -> LinkPlan | Refusal:
     """Decide a broker link (see the module docstring).  ``children``: broker ids linked
-    below us now (as our tree children or inside a child's subtree)."""
+    below us now (as our tree children or inside a child's subtree).  ``sharing``: where
+    the dialer's options, once validated, are kept for the next link that sends them."""
     settings = local
     if not dialed:
         if local.kind == "tree" and remote.connector != "tree":
@@ -121,7 +127,9 @@ def plan_link(local: LinkSettings, remote: Hello, *, me: str, dialed: bool,
             link = dict(kind=remote.connector or local.kind,
                         name=remote.link_name or local.name,
                         duplex=remote.duplex, node_type=None)
-            settings = LinkSettings.from_options(remote.options, **link) \
+            rebuild = sharing.link_settings if sharing is not None \
+                else LinkSettings.from_options
+            settings = rebuild(remote.options, **link) \
                 if remote.options else replace(local, **link)
             # a protective limit is ours to set: the dialer may only lower it
             cap = min(settings.max_demand_per_link, local.max_demand_per_link)

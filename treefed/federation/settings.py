@@ -27,7 +27,7 @@ from typing import Any, Mapping
 from treefed.core.destinations import parse_destination
 from treefed.errors import ConfigError, DestinationError
 
-__all__ = ["LinkSettings", "TreeSettings", "KINDS", "NODE_TYPES", "DOWN_KINDS"]
+__all__ = ["LinkSettings", "TreeSettings", "KINDS", "NODE_TYPES", "DOWN_KINDS", "options_key"]
 
 KINDS = ("mesh", "tree")
 NODE_TYPES = ("leaf", "branch", "root")
@@ -142,18 +142,21 @@ class LinkSettings:
     def to_options(self) -> dict[str, Any]:
         """Plain CBOR-able dict for ``Hello.options`` (tuples become lists)."""
         out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in _SILENT_DEFAULTS and value == f.default:
+        # LinkSettings' fields listed once (``dataclasses.fields`` per call: issue #14)
+        plan = _OPTION_FIELDS if type(self) is LinkSettings else \
+            [(f.name, f.name in _SILENT_DEFAULTS, f.default) for f in fields(self)]
+        for name, silent, default in plan:
+            value = getattr(self, name)
+            if silent and value == default:
                 continue   # issue 18 part 2: an unset summary leaves the hello unchanged
-            out[f.name] = list(value) if isinstance(value, tuple) else value
+            out[name] = list(value) if isinstance(value, tuple) else value
         return out
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], **overrides: Any) -> "LinkSettings":
         """Rebuild settings sent by the dialing side; unknown keys are ignored (a newer
         peer may know more options).  Raises ConfigError on bad values."""
-        known = {f.name for f in fields(cls)}
+        known = _FIELD_NAMES if cls is LinkSettings else {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in options.items() if k in known}
         for key in ("dynamically_included", "excluded", "statically_included",
                     "advertise_down", "summary_owned"):
@@ -164,6 +167,38 @@ class LinkSettings:
             return cls(**kwargs)
         except TypeError as exc:  # a mistyped option the dataclass itself rejects
             raise ConfigError("options", str(exc)) from None
+
+
+#: LinkSettings' field names (``dataclasses.fields`` is slow for a per-link call)
+_FIELD_NAMES = frozenset(f.name for f in fields(LinkSettings))
+#: ``to_options``' plan: (name, left out when it is its default, default) per field
+_OPTION_FIELDS = tuple((f.name, f.name in _SILENT_DEFAULTS, f.default)
+                       for f in fields(LinkSettings))
+#: value types ``options_key`` takes as they are (a float goes by its repr: 0.0, -0.0)
+_PLAIN = frozenset((str, int, bool, type(None)))
+
+
+def options_key(options: Mapping[str, Any], overrides: Mapping[str, Any]) -> tuple | None:
+    """A key equal only for ``from_options`` arguments that build equal settings, or None
+    (not worth a key): each value goes with its type (``True == 1``, but a TTL of True is
+    refused), lists and tuples only of strings, in the mappings' order."""
+    parts: list = []
+    for items in (options.items(), overrides.items()):
+        parts.append(None)   # where a mapping starts
+        for name, value in items:
+            kind = type(value)
+            if kind in _PLAIN:
+                parts.append((name, kind, value))
+            elif kind is float:
+                parts.append((name, kind, repr(value)))
+            elif kind is list or kind is tuple:
+                for item in value:
+                    if type(item) is not str:
+                        return None
+                parts.append((name, kind, tuple(value)))
+            else:
+                return None
+    return tuple(parts)
 
 
 @dataclass(frozen=True, slots=True)

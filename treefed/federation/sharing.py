@@ -7,7 +7,10 @@ advisory frame object to every link it is offered on.  Four things are therefore
 sharing between the Sites of one process: path tuples (every sibling store holds the
 same few), interest keys ``(consumer, path)``, demand sub ids ``"d:<n>"``, the verdict
 "this frame object is well-formed" and the log fields that every receiver of one
-fan-out logs alike (``SharedFields``: the event writer renders them once).
+fan-out logs alike (``SharedFields``: the event writer renders them once).  Link
+settings too: every link of an estate carries the same options, so a peer's options
+and a connector's settings are validated once per distinct value (``link_settings``,
+``new_settings``; the settings are frozen).
 
 These used to be module-level dictionaries in ``bridge.py``; they now live in one
 ``Sharing`` object.  The shell that runs Sites owns it: a ``BrokerNode`` makes its own,
@@ -23,16 +26,19 @@ the value, so its ``id()`` cannot be reused by another object while it is listed
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Mapping
 
 from treefed.core.actions import SharedFields
+from treefed.federation.settings import LinkSettings, options_key
 
-__all__ = ["Sharing", "SHARED_LIMIT", "IDENTITY_LIMIT"]
+__all__ = ["Sharing", "SHARED_LIMIT", "IDENTITY_LIMIT", "SETTINGS_LIMIT"]
 
 #: entries before a value table is cleared (sharing is an optimisation, not a meaning)
 SHARED_LIMIT = 1 << 20
 #: entries before an identity-keyed table is cleared
 IDENTITY_LIMIT = 1 << 15
+#: entries before a link settings table is cleared (each entry: distinct options)
+SETTINGS_LIMIT = 1 << 8
 
 _intern = sys.intern
 
@@ -40,7 +46,8 @@ _intern = sys.intern
 class Sharing:
     """Tables shared by the Sites of one process (see the module docstring)."""
 
-    __slots__ = ("paths", "keys", "sub_ids", "checked", "received", "demand")
+    __slots__ = ("paths", "keys", "sub_ids", "checked", "received", "demand", "settings",
+                 "built")
 
     def __init__(self) -> None:
         self.paths: dict[tuple, tuple] = {}       # path tuple -> its one shared instance
@@ -49,6 +56,8 @@ class Sharing:
         self.checked: dict[int, Any] = {}         # id(frame) -> frame found well-formed
         self.received: dict[int, tuple] = {}      # id(frame) -> (frame, link, peer, fields)
         self.demand: dict[int, tuple] = {}        # id(key) -> (key, ..., fields)
+        self.settings: dict[tuple, LinkSettings] = {}   # options_key -> from_options'
+        self.built: dict[tuple, LinkSettings] = {}      # options_key -> LinkSettings(...)
 
     def path(self, path: tuple[str, ...]) -> tuple[str, ...]:
         """The shared instance of ``path`` (equal tuples, one object)."""
@@ -77,6 +86,35 @@ class Sharing:
         if n >= len(ids):
             ids.extend(f"d:{i}" for i in range(len(ids), n + 1 + (n >> 1)))
         return ids[n]
+
+    def link_settings(self, options: Mapping[str, Any], **overrides: Any) -> LinkSettings:
+        """``LinkSettings.from_options(options, **overrides)``, validated once per distinct
+        arguments (settings are frozen: every link of an estate's sites sends the same
+        options, and they share one object).  Raises ConfigError as it does."""
+        key = options_key(options, overrides)
+        table = self.settings
+        found = table.get(key) if key is not None else None
+        if found is None:
+            found = LinkSettings.from_options(options, **overrides)
+            if key is not None:
+                if len(table) >= SETTINGS_LIMIT:
+                    table.clear()
+                table[key] = found
+        return found
+
+    def new_settings(self, **kwargs: Any) -> LinkSettings:
+        """``LinkSettings(**kwargs)``, validated once per distinct arguments (a connector's
+        config builds its settings with it: every site of a shape has the same)."""
+        key = options_key(kwargs, {})
+        table = self.built
+        found = table.get(key) if key is not None else None
+        if found is None:
+            found = LinkSettings(**kwargs)
+            if key is not None:
+                if len(table) >= SETTINGS_LIMIT:
+                    table.clear()
+                table[key] = found
+        return found
 
     def malformed(self, adv: Any, check: Any) -> bool:
         """``check(adv)``, run once per frame object while it is listed."""

@@ -266,7 +266,8 @@ class Site:
         plan = plan_link(local, remote_hello, me=self.broker_id, dialed=dialed,
                          tree=self.tree, ancestry=self._ancestry,
                          accept_children=self.accept_tree_children,
-                         has_parent=bool(self._lanes["parent"]), children=children)
+                         has_parent=bool(self._lanes["parent"]), children=children,
+                         sharing=self.sharing)
         if type(plan) is Refusal:
             return self._refuse(conn, plan.settings, peer, plan.why, remote_hello)
         settings, lane, advertises = plan.settings, plan.lane, plan.advertises

@@ -296,6 +296,17 @@ def _client_ids(fields: dict) -> dict:
     return fields
 
 
+def _client_log(a: Log) -> Log:
+    """``a`` with its message named as ``_client_ids`` names it.  Changed in place: the
+    core makes a message event's fields for that one Log, and the shell is their last
+    reader (no new Log and dict per event, issue #14)."""
+    fields = a.fields
+    msg = fields.get("msg")
+    if type(msg) is str and SCOPE_SEP in msg:
+        fields["msg"] = msg.rpartition(SCOPE_SEP)[0]   # wire.ids.original, inlined
+    return a
+
+
 #: frames answering a client's request by its id (the id the client chose is shown)
 _ANSWERS = frozenset((Receipt, Error))
 
@@ -443,11 +454,15 @@ class BrokerNode:
                  rng: random.Random | None = None,
                  event_sink: Callable[[str, dict], None] | None = None,
                  open_stream: Callable[[Endpoint], Awaitable[trio.abc.Stream]] | None = None,
-                 sharing: Sharing | None = None) -> None:
+                 sharing: Sharing | None = None,
+                 event_logs: Callable[[list], None] | None = None) -> None:
         # Hooks for the scenario engines (scenario/engines/live.py): ``event_sink(event,
         # fields)`` receives every Log action instead of structlog; ``open_stream(endpoint)``
-        # dials broker links instead of TCP (in-memory links, cut links).
+        # dials broker links instead of TCP (in-memory links, cut links).  ``event_logs(logs)``,
+        # if given, takes the place of ``event_sink``: the Log actions of one step at once,
+        # in order, refused advisories as their Log, message ids unscoped (issue #14).
         self._event_sink = event_sink
+        self._event_logs = event_logs
         self._open_stream = open_stream
         b = config.broker
         self.config = config
@@ -540,11 +555,12 @@ class BrokerNode:
     def _connectors(self) -> list[tuple[LinkSettings, str, str, tuple[str, str]]]:
         out = []
         tc = self.config.tree_connector
+        build = self.site.sharing.new_settings   # equal settings: one validation (#14)
         if tc is not None:
-            out.append((tc.link_settings(), tc.uri, "tree_connector.uri",
+            out.append((tc.link_settings(build), tc.uri, "tree_connector.uri",
                         (tc.username, tc.password)))
         for i, nc in enumerate(self.config.network_connectors):
-            out.append((nc.link_settings(), nc.uri, f"network_connector[{i}].uri",
+            out.append((nc.link_settings(build), nc.uri, f"network_connector[{i}].uri",
                         (nc.username, nc.password)))
         return out
 
@@ -711,18 +727,27 @@ class BrokerNode:
         try:
             # a peer that connects and never says hello must not hold a socket forever
             timeout = self.config.broker.hello_timeout
-            with trio.move_on_after(timeout) as hello_wait:
-                frames = await framed.receive_frames()
-            if hello_wait.cancelled_caught:
-                raise FrameError(f"no hello within {timeout:g} s",
-                                 code="hello_timeout")
+            if type(framed) is FrameEnd and framed.receive_ready():
+                frames = framed.take_frames()   # here already: no timer, no wait (#14)
+            else:
+                with trio.move_on_after(timeout) as hello_wait:
+                    frames = await framed.receive_frames()
+                if hello_wait.cancelled_caught:
+                    raise FrameError(f"no hello within {timeout:g} s",
+                                     code="hello_timeout")
             c.last_rx = trio.current_time()
             # with authentication on, an accepted peer reaches the site task only once
             # its hello passed; a refused one has its error queued and is drained below
             if (self._auth is None or c.dialer is not None
                     or await self._authenticate(c, frames[0])):
                 self._inbox_bytes += _body_bytes(frames)
-                await inbox.send((c, frames))
+                if type(framed) is not FrameEnd:
+                    await inbox.send((c, frames))
+                else:   # no checkpoint here: the wait below is the reader's (#14)
+                    try:
+                        inbox.send_nowait((c, frames))
+                    except trio.WouldBlock:
+                        await inbox.send((c, frames))
             while not c.closing:
                 if c.paused:
                     await c.resume.wait()
@@ -1157,7 +1182,8 @@ class BrokerNode:
         if c.dialer is not None:
             settings = c.dialer.settings
         else:
-            settings = listener_settings(hello, accept_mesh=self.config.broker.accept_mesh)
+            settings = listener_settings(hello, accept_mesh=self.config.broker.accept_mesh,
+                                         sharing=self.site.sharing)   # validated once (#14)
             if type(settings) is str:
                 self._refuse(c, RemoteError(settings, code="link_refused"), "mesh refused",
                              actions)
@@ -1307,6 +1333,7 @@ class BrokerNode:
             consumed: list = []
             deferred: list = []
             pages: list = []
+            logs = [] if self._event_logs is not None else None   # one call per step
             for a in actions:
                 kind = type(a)
                 if kind is Out or kind is Close:
@@ -1318,9 +1345,15 @@ class BrokerNode:
                     if a.consumed:
                         consumed.append(a.msg_id)
                 elif kind is Log:
-                    self._log_event(a)
+                    if logs is None:
+                        self._log_event(a)
+                    else:
+                        logs.append(_client_log(a) if a.event.startswith("message.") else a)
                 elif kind is Drop:
-                    self._log_drop(a, now)
+                    if logs is None:
+                        self._log_drop(a, now)
+                    else:
+                        logs.append(a.log())
                 elif kind is Pause:
                     c = conns.get(a.conn)
                     if c is not None:
@@ -1333,6 +1366,8 @@ class BrokerNode:
                         c.resume = trio.Event()
                 elif kind is PageIn:
                     pages.append(a)
+            if logs:
+                self._event_logs(logs)
             refused = None
             if self._pageable:
                 await self._page_in(stores, deferred)

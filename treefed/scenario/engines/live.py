@@ -30,8 +30,8 @@ parent.
 
 Applications are one raw protocol client per site (``App``): hello, subscriptions with
 the plan's ids, sends with the plan's message ids, an ack for every delivery.  Events
-reach the Recorder through the node's ``event_sink`` hook; the node's own structlog
-lines are not part of the event log.
+reach the Recorder through the node's ``event_logs`` hook (a step's lines in one call); the
+node's own structlog lines are not part of the event log.
 """
 
 from __future__ import annotations
@@ -106,6 +106,19 @@ def site_doc(mode: Mode, spec: BrokerSpec, *, parent_uri: str | None,
     return doc
 
 
+def still_clock(autojump_threshold: float) -> trio.testing.MockClock:
+    """The engines' virtual clock: a MockClock at rate 0 with autojump.  Its time moves
+    only when it jumps, so it is the jumped-to base, read without the real clock and the
+    rate conversion (issue #14: ~190,000 reads in a 4 x 1,000 memory run -- every
+    reader's ``last_rx``, every cancel scope's deadline).  Only while its rate stays 0,
+    which the engines never change; on a trio whose MockClock keeps its time otherwise,
+    it is MockClock's own reading."""
+    clock = trio.testing.MockClock(autojump_threshold=autojump_threshold)
+    if clock.rate == 0.0 and getattr(clock, "_virtual_base", None) == clock.current_time():
+        clock.current_time = partial(getattr, clock, "_virtual_base")   # type: ignore
+    return clock
+
+
 class SiteConfigs:
     """``site_config`` for the sites of one run, parsed once per shape (issue #14: 4,005
     parses were ~5 % of a 4 x 1,000 memory run's start-up).  Sites whose documents differ
@@ -120,6 +133,9 @@ class SiteConfigs:
     def __init__(self, mode: Mode) -> None:
         self.mode = mode
         self._shapes: dict[str, BrokerConfig] = {}
+        # (shape, parent URI) -> the shape's connectors with that URI, checked: a parent's
+        # children share them (issue #14: a URI check and a copy per site before)
+        self._links: dict[tuple[int, str], tuple] = {}
 
     def get(self, spec: BrokerSpec, *, parent: str | None, uri: Callable[[str], str],
             listen: tuple[str, ...] = ()) -> BrokerConfig:
@@ -132,7 +148,7 @@ class SiteConfigs:
         if cfg is None:
             cfg = self._shapes[shape] = parse_config(
                 self._template(doc, spec.id, parent_uri, uri))
-        return self._fill(cfg, spec.id, parent_uri, uri)
+        return self._fill(cfg, spec.id, parent_uri, uri, self._links)
 
     def _template(self, doc: dict, site: str, parent_uri: str | None,
                   uri: Callable[[str], str]) -> dict:
@@ -148,14 +164,20 @@ class SiteConfigs:
 
     @staticmethod
     def _fill(cfg: BrokerConfig, site: str, parent_uri: str | None,
-              uri: Callable[[str], str]) -> BrokerConfig:
+              uri: Callable[[str], str], links: dict | None = None) -> BrokerConfig:
+        """``cfg`` (a shape's parse) for ``site``; ``links``: the connectors already
+        filled in for a (shape, parent URI), kept while ``cfg`` is (configs are frozen)."""
         from treefed.config import _identifier, _uri   # parse_config's own checks
 
         _identifier(site, "broker.id")
         broker = dataclasses.replace(cfg.broker, id=site, name=site, data_dir=f"data/{site}")
         tc, ncs = cfg.tree_connector, cfg.network_connectors
         if parent_uri is not None:
-            if tc is not None:
+            key = (id(cfg), parent_uri)
+            hit = links.get(key) if links is not None else None
+            if hit is not None and hit[0] is cfg:
+                tc, ncs = hit[1], hit[2]
+            elif tc is not None:
                 tc = dataclasses.replace(
                     tc, uri=_uri("tcp://", "ssl://", "failover:")(parent_uri,
                                                                  "tree_connector.uri"))
@@ -163,6 +185,8 @@ class SiteConfigs:
                 mesh = _uri("static:", "tcp://", "ssl://", "failover:")(
                     f"static:({parent_uri})", "network_connector[0].uri")
                 ncs = (dataclasses.replace(ncs[0], uri=mesh),)
+            if links is not None and hit is None:
+                links[key] = (cfg, tc, ncs)
         return dataclasses.replace(cfg, broker=broker, tree_connector=tc,
                                    network_connectors=ncs)
 
@@ -403,7 +427,7 @@ class LiveEngine:
     # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, Any]:
         _quiet_structlog()
-        clock = trio.testing.MockClock(autojump_threshold=self.autojump)
+        clock = still_clock(self.autojump)
         return trio.run(self._main, clock=clock)
 
     def now(self) -> float:
@@ -489,11 +513,15 @@ class LiveEngine:
         def sink(event: str, fields: dict) -> None:
             self.rec.emit(trio.current_time() - self._t0, broker_id, event, fields)
 
+        def sink_logs(logs: list) -> None:   # a step's Log actions: one call (issue #14)
+            self.rec.emit_logs(trio.current_time() - self._t0, broker_id, logs)
+
         async def dial(endpoint: Endpoint) -> trio.abc.Stream:
             return await self._dial(site)
 
         node = BrokerNode(self._config(site), store=site.store, rng=site.rng,
-                          event_sink=sink, open_stream=dial, sharing=self._sharing)
+                          event_sink=sink, open_stream=dial, sharing=self._sharing,
+                          event_logs=sink_logs)
         if site.store.stats()["rows"] or site.store.load_consumed():
             node.restore()   # messages, and the ids its consumers already took
         site.stopped = trio.Event()
