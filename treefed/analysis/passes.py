@@ -461,35 +461,37 @@ def _event_in(names: tuple[str, ...]) -> Column:
     return F.shiftright(F.col("event_code"), 1).isin(*(EVENT_CODES.index(n) for n in names))
 
 
-def _read(spark: SparkSession, paths: list[str], coded: dict[str, RunCodes],
-          json_only: frozenset[str]) -> tuple[DataFrame, DataFrame | None]:
-    """(the rows read by their strings, the coded runs' rows for hot_facts).  The first:
-    job.read_events' rows of the runs without codes and the coded runs' REST_FILE rows
-    (with null / their code columns); the second: every row of the coded runs' parts,
-    only hot_facts reads its integer columns."""
-    columns = [*job.USED_COLUMNS, *_CODE_TYPES]
+def _coded_frame(spark: SparkSession, files: list[str]) -> DataFrame:
+    """Coded Parquet files (parts or rest files) with their code columns, the run of each
+    row and a null corrupt-line column."""
     fields = T.StructType(job._parquet_schema().fields
                           + [T.StructField(c, t) for c, t in _CODE_TYPES.items()])
+    frame = (spark.read.schema(fields).parquet(*files)
+             .withColumn(job.CORRUPT, F.lit(None).cast("string")))
+    return frame.withColumn("run", job._run_of(F.col("_metadata.file_path")))
 
-    def coded_frame(files: list[str]) -> DataFrame:
-        frame = (spark.read.schema(fields).parquet(*files)
-                 .withColumn(job.CORRUPT, F.lit(None).cast("string")))
-        return frame.withColumn("run", job._run_of(F.col("_metadata.file_path")))
 
+def _read(spark: SparkSession, paths: list[str], coded: dict[str, RunCodes],
+          json_only: frozenset[str]) -> DataFrame:
+    """The rows read by their strings: job.read_events' rows of the runs without codes
+    and the coded runs' REST_FILE rows (with null / their code columns)."""
     frames = []
     rest = [p for p in paths if p not in coded]
     if rest:
         frames.append(job.read_events(spark, rest, json_only=json_only).select(
             *job.USED_COLUMNS, *(F.lit(None).cast(t).alias(c) for c, t in _CODE_TYPES.items())))
     if coded:
-        frames.append(coded_frame([coded[p].rest for p in paths if p in coded])
-                      .select(*columns))
+        frames.append(_coded_frame(spark, [coded[p].rest for p in paths if p in coded])
+                      .select(*job.USED_COLUMNS, *_CODE_TYPES))
     strings = frames[0]
     for more in frames[1:]:
         strings = strings.unionByName(more)
-    if not coded:
-        return strings, None
-    return strings, coded_frame([f for p in paths if p in coded for f in coded[p].parts])
+    return strings
+
+
+def _parts(spark: SparkSession, paths: list[str], coded: dict[str, RunCodes]) -> DataFrame:
+    """Every row of the coded runs' parts (hot_facts reads only their integer columns)."""
+    return _coded_frame(spark, [f for p in paths if p in coded for f in coded[p].parts])
 
 
 def _hot(narrow: list[int] | None = None) -> Column:
@@ -638,7 +640,7 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
     alone leaves a task slot idle through its serial parts (planning, code generation, a
     last long task, the collect and its conversion)."""
     coded = _coded(paths, json_only)
-    parsed, _ = _read(spark, paths, coded, json_only)
+    parsed = _read(spark, paths, coded, json_only)
     cached: list[DataFrame] = []
     if any(p not in coded and (p in json_only or job.parquet_parts(p) is None)
            for p in paths):
@@ -659,7 +661,7 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
         if coded:
             # its own session: the ~1 MB read splits (_split_session) for its scans only
             split = _split_session(spark)
-            _, every = _read(split, paths, coded, json_only)
+            every = _parts(split, paths, coded)
             # needs nothing of pass 1: beside it (pass 1 is mostly the JVM's warm-up,
             # planning and generating code on one thread)
             by_consumer = helper.submit(
