@@ -37,16 +37,9 @@ no task hand-off — the reader decodes, the Site handles, the store commits and
 is written, in one task step.  The lock keeps batches serial, so "one owner at a time" and
 per-connection order hold (the site task waits on the inbox only after handling all it
 took).  Chunks that arrive together (several readers woken by one poll) fall within the
-gap of a batch that committed and go to the site task, which groups them into one commit
-— and from then on, for ``CROWDED_S`` (renewed while chunks keep arriving together or
-finding the site task busy while batches commit), every chunk goes to the site task, so
-concurrent senders keep the group commit they had.  A batch that committed nothing opens
-no gap, and after such a batch neither a chunk that finds the site task runnable nor a
-big chunk (a paced producer's backlog after a stall; it still goes to the site task)
-starts or renews the hold (issue #14, session 8): at 1,000 msgs/s a consumer's Ack
-arrives right after the batch that delivered its message, and counting it as "together"
-sent a quarter of the lone messages (a chain's hops: most of them) through the site task
-on a loaded machine, ~1 % (the p99) on a quiet one, with no commit to share.
+gap and go to the site task, which groups them into one commit — and from then on, for
+``CROWDED_S`` (renewed while chunks keep arriving together or finding the site task busy),
+every chunk goes to the site task, so concurrent senders keep the group commit they had.
 The inline batch brings the site task's timer wait forward when it made an earlier
 deadline (and leaves it alone when the deadline did not change).  It enters no cancel
 scope of its own: every await inside a batch is ``_in_thread``, which cannot be
@@ -213,10 +206,10 @@ LOST_LINKS = 10_000
 #: One slow commit (a disk stall) sends the next ones back to the thread.
 INLINE_COMMIT_S = 0.0003
 INLINE_MAX_ROWS = 64
-#: A reader runs its chunk as a batch itself only when no batch that committed ended
-#: within this many seconds: chunks that arrive together (several readers woken by one
-#: poll) go to the site task and share one commit (group commit), while a lone sender's
-#: next message, a round trip after its receipt, costs no task hand-off (issue #14).
+#: A reader runs its chunk as a batch itself only when no batch ended within this many
+#: seconds: chunks that arrive together (several readers woken by one poll) go to the
+#: site task and share one commit (group commit), while a lone sender's next message,
+#: a round trip after its receipt, costs no task hand-off (issue #14).
 INLINE_GAP_S = 0.00004
 #: A chunk of more frames than this (a pipelining client) goes to the site task, which
 #: groups it with what the other readers bring (one commit, acks included).
@@ -231,10 +224,9 @@ INLINE_MAX_FRAMES = 8
 #: as a duplicate, as before: holding only widens that window by this much.
 ACK_HOLD_S = 0.005
 ACK_HOLD_IDS = 256
-#: Once chunks were seen arriving together (within ``INLINE_GAP_S`` of a committing
-#: batch's end, or finding the site task busy while batches commit), every chunk goes to
-#: the site task for this many seconds (renewed while it goes on): concurrent senders keep
-#: their group commit.
+#: Once chunks were seen arriving together (within ``INLINE_GAP_S`` of a batch's end, or
+#: while the site task was busy), every chunk goes to the site task for this many seconds
+#: (renewed while it goes on): concurrent senders keep their group commit.
 CROWDED_S = 0.01
 
 _EOF = object()          # inbox marker: the peer closed or the socket broke
@@ -522,8 +514,7 @@ class BrokerNode:
         self._stopping = False
         self._stopped = trio.Event()
         self._batch_lock = trio.Lock()  # held while a batch is handled and committed
-        self._batch_end = 0.0       # perf_counter() when the last committing batch ended
-        self._committed = False     # the last batch committed (store work to share)
+        self._batch_end = 0.0       # perf_counter() when the last batch ended
         self._crowded = 0.0         # perf_counter() until which chunks go to the site task
         self._held: dict = {}       # connections holding ForwardAck ids (ACK_HOLD_S)
         self._site_wait: trio.CancelScope | None = None  # the site task's idle wait
@@ -763,8 +754,7 @@ class BrokerNode:
                     if now - self._batch_end <= INLINE_GAP_S:
                         self._crowded = now + CROWDED_S   # chunks arrive together
                     elif len(frames) > INLINE_MAX_FRAMES:
-                        if self._committed:   # a pipelining client's flood of commits
-                            self._crowded = now + CROWDED_S
+                        self._crowded = now + CROWDED_S   # a pipelining client's flood
                     elif now > self._crowded and not self._batch_lock.locked():
                         await self._inline_batch(c, frames)   # no task hand-off at all
                         continue
@@ -772,8 +762,7 @@ class BrokerNode:
                     # next chunk goes below
                     inbox.send_nowait((c, frames))
                     continue
-                if self._committed or self._batch_lock.locked():   # the site task is
-                    self._crowded = time.perf_counter() + CROWDED_S  # busy with commits
+                self._crowded = time.perf_counter() + CROWDED_S   # the site task is busy
                 # a checkpoint per chunk: the site task's batch stays one chunk's worth
                 # per reader, so a pipelining client's answers cannot outgrow the
                 # connection's high water within one batch (send_nowait here overflowed
@@ -795,11 +784,9 @@ class BrokerNode:
 
     async def _inline_batch(self, c: _Conn, frames: list) -> None:
         """A reader handles its own chunk as a batch (see "Inline batches" above): the
-        site task waits on an empty inbox, the batch lock is free, no committing batch
-        ended within ``INLINE_GAP_S``.  The lock serialises it with the site task's
-        batches."""
+        site task waits on an empty inbox, the batch lock is free, no batch ended within
+        ``INLINE_GAP_S``.  The lock serialises it with the site task's batches."""
         self._batch_lock.acquire_nowait()
-        commits = self.commits
         try:
             # Not shielded, yet never cut half-way (closing ``c`` cancels its reader's
             # nursery): a batch awaits only ``_in_thread``, which cannot be cancelled, so
@@ -811,9 +798,7 @@ class BrokerNode:
                            conns=[c.id])
         finally:
             self._batch_lock.release()
-            self._committed = self.commits != commits   # only a commit is worth sharing
-            if self._committed:                         # (issue #14, session 8)
-                self._batch_end = time.perf_counter()
+            self._batch_end = time.perf_counter()
         waiting = self._site_wait
         if waiting is not None:   # timers: the site task sleeps until the old deadline
             # set to the deadline as it is now: earlier when this batch made a timer, later
@@ -1007,7 +992,6 @@ class BrokerNode:
                 self._batch_lock.acquire_nowait()
             except trio.WouldBlock:
                 await self._batch_lock.acquire()
-            commits = self.commits
             try:
                 await self._handle_batch(batch, deadline)
             except Exception as exc:   # last resort: log it, keep serving (#12)
@@ -1015,9 +999,7 @@ class BrokerNode:
                                conns=sorted({c.id for c, _ in batch}))
             finally:
                 self._batch_lock.release()
-                self._committed = self.commits != commits   # see _inline_batch
-                if self._committed:
-                    self._batch_end = time.perf_counter()
+                self._batch_end = time.perf_counter()
 
     def _next_deadline(self) -> float | None:
         """When the site task must wake without input: the Site's timers, or a drop
