@@ -96,6 +96,63 @@ def test_hot_rows_are_facts_rows():
                     ("A", "r", None, "store-1", None, 1.0, 0, 1)]
 
 
+def test_message_rows_are_facts_rows(tmp_path):
+    """A run's message file back as facts' M and F rows and the send pairs, by hand:
+    the copy key as facts' concat_ws (nulls skipped; a topic's subscriber = the broker +
+    the consumer id's last segment, so two consumers with that segment are one copy),
+    forwards kept for tree runs only."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from treefed.analysis.passes import RunCodes, _message_codes, _message_rows
+    from treefed.scenario.parquet_parts import Coder, MESSAGE_FILE, arrow_schema
+
+    rows = [  # event, broker, dst, msg, peer, consumer
+        ("message.produced", "hq", "queue://q", "m1", None, None),
+        ("message.produced", "hq", "queue://q", "m2", None, None),
+        ("message.forwarded", "hq", "queue://q", "m1", "store-1", None),
+        ("message.forwarded", "hq", "queue://q", "m1", "store-1", None),
+        ("message.forwarded", "hq", "topic://t.*", "m3", "store-1", None),   # rest file
+        ("message.delivered", "store-1", "queue://q", "m1", None, "store-1/c/1"),
+        ("message.delivered", "store-1", "queue://q", "m1", None, "store-1/c/2"),
+        ("message.delivered", "store-1", "topic://t", "m4", None, "store-1/c/1"),
+        ("message.delivered", "store-1", "topic://t", "m4", None, "other/c/1"),  # same copy
+        ("message.delivered", "store-1", "temp-topic://x", None, None, "solo"),
+        ("message.delivered", "store-1", "topic://t", "m5", None, None),
+        ("message.delivered", "store-1", None, "m6", None, "c"),
+        ("message.produced", None, "queue://q", "m7", None, None),            # rest file
+    ]
+    names = ("event", "broker", "dst", "msg", "peer", "consumer")
+    table = pa.Table.from_pylist([dict(zip(names, r)) for r in rows]).cast(
+        pa.schema([arrow_schema().field(n) for n in names]))
+    full = pa.table({n: table.column(n) if n in names else pa.nulls(len(table), f.type)
+                     for n, f in zip(arrow_schema().names, arrow_schema())})
+    coder = Coder("r")
+    messages = coder.messages(coder.encode(full))
+    assert messages.num_rows == len(rows) - 2
+    pq.write_table(messages, tmp_path / MESSAGE_FILE)
+    inverse = sorted(coder.brokers, key=coder.brokers.__getitem__)
+    c = RunCodes(run="r", key=coder.key, brokers=inverse, dsts=dict(coder.dsts),
+                 consumers=sorted(coder.consumers, key=coder.consumers.__getitem__),
+                 parts=[], rest="", messages=str(tmp_path / MESSAGE_FILE),
+                 msgs=sorted(coder.msgs, key=coder.msgs.__getitem__))
+    found = _message_codes({"r": c})
+    sends = found["r"].sends
+    assert sends.num_rows == 1 and \
+        (inverse[sends["broker_code"][0].as_py()],
+         {v: k for k, v in c.dsts.items()}[sends["dst_code"][0].as_py()]) == ("hq", "queue://q")
+    got = sorted(_message_rows(found, {"r": c}, ["r"]), key=repr)
+    assert got == sorted([
+        ("M", "r", "store-1", "m1\x00queue://q", "m1", None, 0, 2),
+        ("M", "r", "store-1", "m4\x00topic://t\x00store-1/1", "m4", None, 0, 2),
+        ("M", "r", "store-1", "temp-topic://x\x00store-1/solo", None, None, 0, 1),
+        ("M", "r", "store-1", "m5\x00topic://t\x00store-1", "m5", None, 0, 1),
+        ("M", "r", "store-1", "m6", "m6", None, 0, 1),
+        ("F", "r", "hq", "store-1", "m1", None, 0, 2),
+    ], key=repr)
+    assert [t for t in _message_rows(found, {"r": c}, []) if t[0] == "F"] == []
+
+
 # ----------------------------------------------------------------------------- Spark
 
 @pytest.mark.spark
@@ -186,13 +243,14 @@ def _coded_copy(run: Path, root: Path) -> Path:
 def _session7_codes(run: Path) -> None:
     """Make a runner's run as session 7's runner wrote it: the codes file lists
     OLD_HOT_EVENTS as hot, the rest file holds every other row (link, consumer-added,
-    stranded events too), no demand file."""
+    stranded events too), no demand file, no message file.  (The parts keep the newer
+    code columns: the job reads the six of session 7.)"""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from treefed.scenario.parquet_parts import (CODES_FILE, DEMAND_FILE, EVENT_CODES,
-                                                OLD_HOT_EVENTS, REST_FILE)
+                                                MESSAGE_FILE, OLD_HOT_EVENTS, REST_FILE)
 
     data = json.loads((run / CODES_FILE).read_text())
     table = pq.read_table([run / p for p in sorted(os.listdir(run))
@@ -205,8 +263,38 @@ def _session7_codes(run: Path) -> None:
     assert rest.num_rows > pq.read_metadata(run / REST_FILE).num_rows   # more rows now
     pq.write_table(rest, run / REST_FILE)
     data.update(hot=list(OLD_HOT_EVENTS), rest={"file": REST_FILE, "rows": rest.num_rows})
-    del data["demand"]
+    del data["demand"], data["messages"], data["msgs"]
+    (run / MESSAGE_FILE).unlink()
     (run / DEMAND_FILE).unlink()
+    (run / CODES_FILE).write_text(json.dumps(data))
+
+
+def _session8_codes(run: Path) -> None:
+    """Make a runner's run as session 8's runner wrote it: no msg_code / peer_code
+    columns, the codes file lists S8_HOT_EVENTS as hot and no message dictionary, the
+    rest file holds the message rows too, no message file."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from treefed.scenario.parquet_parts import (CODES_FILE, EVENT_CODES, MESSAGE_FILE,
+                                                REST_FILE, S8_HOT_EVENTS)
+
+    data = json.loads((run / CODES_FILE).read_text())
+    parts = [run / p for p in sorted(os.listdir(run)) if p.startswith("events.part-")]
+    for part in parts:
+        pq.write_table(pq.read_table(part).drop_columns(["msg_code", "peer_code"]), part)
+    table = pq.read_table(parts)
+    hot = pc.is_in(pc.shift_right(table["event_code"], 1),
+                   pa.array([EVENT_CODES.index(e) for e in S8_HOT_EVENTS], pa.int32()))
+    hot = pc.and_(pc.fill_null(hot, False), pc.is_valid(table["broker_code"]))
+    plain = pc.fill_null(pc.greater_equal(table["dst_code"], 0), True)
+    rest = table.filter(pc.invert(pc.and_(hot, plain)))
+    assert rest.num_rows > pq.read_metadata(run / REST_FILE).num_rows   # more rows now
+    pq.write_table(rest, run / REST_FILE)
+    data.update(hot=list(S8_HOT_EVENTS), rest={"file": REST_FILE, "rows": rest.num_rows})
+    del data["messages"], data["msgs"]
+    (run / MESSAGE_FILE).unlink()
     (run / CODES_FILE).write_text(json.dumps(data))
 
 
@@ -221,6 +309,7 @@ def every_kind_of_run(tmp_path_factory) -> list[Path]:
             for r in run_scenario(ROOT / "scenarios" / f"{name}.toml", engine="replay",
                                   out=root / "runner")]
     _session7_codes(runs[-1])     # churn, its last mode: link cuts, consumer churn
+    _session8_codes(runs[2])      # retail-small's mesh-ttl2: deliveries read by strings
     plain = root / "plain"
     plain.mkdir()
     runs.append(_json_copy(runs[0], plain))

@@ -14,6 +14,7 @@ import pytest
 from treefed import events
 from treefed.scenario.parquet_parts import (CODE_COLUMNS, CODES_FILE, DEMAND_COLUMNS,
                                             DEMAND_FILE, EVENT_CODES, HOT_EVENTS,
+                                            MESSAGE_COLUMNS, MESSAGE_EVENTS, MESSAGE_FILE,
                                             REST_FILE, arrow_schema,
                                             coded_schema, parquet_problems)
 from treefed.scenario.runner import run_scenario
@@ -79,6 +80,10 @@ def test_code_columns_are_the_rows_strings(run):
             assert (row["dst_code"] < 0) == ("*" in row["dst"] or ">" in row["dst"])
         assert (None if row["consumer_code"] is None
                 else codes["consumers"][row["consumer_code"]]) == row["consumer"]
+        assert (None if row["msg_code"] is None
+                else codes["msgs"][row["msg_code"]]) == row["msg"]
+        assert (None if row["peer_code"] is None
+                else codes["brokers"][row["peer_code"]]) == row["peer"]
         keys.add(row["run_key"])
     assert keys == {codes["run_key"]}
     # the demand file: the hot demand.created rows' (run_key, consumer_code, ts), in order
@@ -91,6 +96,17 @@ def test_code_columns_are_the_rows_strings(run):
     demand = pq.read_table(run.path / DEMAND_FILE)
     assert demand.schema.names == list(DEMAND_COLUMNS)
     assert [tuple(r.values()) for r in demand.to_pylist()] == created
+    # the message file: the hot message rows' MESSAGE_COLUMNS, in order
+    sent = [tuple(r[c] for c in MESSAGE_COLUMNS)
+            for r in pq.read_table(run.path / part["file"]).to_pylist()
+            if r["event"] in MESSAGE_EVENTS and r["broker"] is not None
+            and (r["dst_code"] is None or r["dst_code"] >= 0)]
+    assert {"message.produced", "message.forwarded", "message.delivered"} <= {
+        EVENT_CODES[r[1] >> 1] for r in sent}
+    assert codes["messages"] == {"file": MESSAGE_FILE, "rows": len(sent)}
+    messages = pq.read_table(run.path / MESSAGE_FILE)
+    assert messages.schema.names == list(MESSAGE_COLUMNS)
+    assert [tuple(r.values()) for r in messages.to_pylist()] == sent
     # the rest file: every other row, in order (link and consumer events are hot too)
     assert codes["hot"] == list(HOT_EVENTS)
     rows = pq.read_table(run.path / part["file"]).to_pylist()
@@ -108,9 +124,10 @@ def test_coder_keeps_one_dictionary_across_row_groups():
 
     coder = Coder("r")
     rows = [{"event": "advisory.sent", "broker": b, "dst": d, "kind": k, "consumer": c,
-             "origin": None}
-            for b, d, k, c in (("a", "queue://x", "add", "b/c/1"), ("b", "topic://t.>", "remove", None),
-                               ("c", None, None, "zz"))]
+             "origin": None, "msg": m, "peer": p}
+            for b, d, k, c, m, p in (("a", "queue://x", "add", "b/c/1", None, None),
+                                     ("b", "topic://t.>", "remove", None, "m1", "b"),
+                                     ("c", None, None, "zz", "m2", "p"))]
     schema = pa.schema([pa.field(n, pa.string()) for n in rows[0]])
     first = coder.encode(pa.Table.from_pylist(rows[:2], schema)).to_pylist()
     second = coder.encode(pa.Table.from_pylist(rows[1:][::-1], schema)).to_pylist()
@@ -118,7 +135,10 @@ def test_coder_keeps_one_dictionary_across_row_groups():
     assert [r["broker_code"] for r in second] == [2, 1]          # c new, b as before
     # origins share the broker dictionary (b's consumer id, then zz's)
     assert [r["origin_code"] for r in first + second] == [1, None, 3, None]
-    assert list(coder.brokers) == ["a", "b", "c", "zz"]
+    # peers too, after the row's origin (p after zz); messages in a dictionary of their own
+    assert [r["peer_code"] for r in first + second] == [None, 1, 4, 1]
+    assert [r["msg_code"] for r in first + second] == [None, 0, 1, 0]
+    assert list(coder.brokers) == ["a", "b", "c", "zz", "p"]
     assert [r["dst_code"] for r in first + second] == [0, -1, None, -1]
     sent = 2 * EVENT_CODES.index("advisory.sent")
     assert [r["event_code"] for r in first] == [sent, sent + 1]

@@ -36,6 +36,7 @@ class TestRunScenario:
                                                           "events.part-0000.parquet",
                                                           "events.rest.parquet",
                                                           "events.demand.parquet",
+                                                          "events.messages.parquet",
                                                           "events.codes.json"}
 
     def test_summary_keys(self, small_runs) -> None:

@@ -76,7 +76,7 @@ from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -356,10 +356,14 @@ class PassTables:
             frame.unpersist()
 
 
-def _interest(rows: list) -> dict[str, set[tuple[str, str]]]:
-    """job.interest on the driver: direct (broker, dst) pairs plus, per wildcard
-    destination, the brokers sending to a destination it matches (the same regex)."""
+def _interest(rows: list, sends: dict[str, set[tuple[str, str]]] | None = None
+              ) -> dict[str, set[tuple[str, str]]]:
+    """job.interest on the driver: direct (broker, dst) pairs (pass 1's ``send`` rows and
+    ``sends``, a run's pairs read by codes) plus, per wildcard destination, the brokers
+    sending to a destination it matches (the same regex)."""
     direct: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for run, pairs in (sends or {}).items():
+        direct[run] |= pairs
     patterns: dict[str, dict[str, str]] = defaultdict(dict)
     for row in rows:
         if row["kind"] == "send":
@@ -402,14 +406,32 @@ class RunCodes:
     rest: str             # the rows that are not hot (parquet_parts.REST_FILE)
     demand: str | None = None   # the hot demand.created rows' integers (DEMAND_FILE)
     hot: tuple[str, ...] = ()   # the events counted by codes (the codes file's ``hot``)
+    messages: str | None = None  # the hot message rows' integers (MESSAGE_FILE)
+    msgs: list[str] = field(default_factory=list)    # the message dictionary
+    rest_rows: int = 0
+
+
+def _checked_file(path: str, entry: dict, columns) -> str | None:
+    """The codes file's ``{file, rows}`` entry's path when that file holds those rows and
+    ``columns``; else None."""
+    if "/" in str(entry["file"]):
+        return None
+    found = os.path.join(path, str(entry["file"]))
+    meta = pq.read_metadata(found)
+    if meta.num_rows != int(entry["rows"]) or not set(columns) <= set(meta.schema.names):
+        return None
+    return found
 
 
 def run_codes(path: str) -> RunCodes | None:
     """The codes of a local run directory whose every Parquet part carries the code
     columns and whose codes file numbers the events this job knows; else None (the run
-    is read by its strings: an older run, or codes from another version)."""
-    from treefed.scenario.parquet_parts import (CODE_COLUMNS, DEMAND_COLUMNS, EVENT_CODES,
-                                                HOT_EVENTS, OLD_HOT_EVENTS)
+    is read by its strings: an older run, or codes from another version).  A run coded
+    with an older hot list (S8_HOT_EVENTS, OLD_HOT_EVENTS) is read by what it has: its
+    rest file holds the events that list leaves out."""
+    from treefed.scenario.parquet_parts import (DEMAND_COLUMNS, EVENT_CODES, HOT_EVENTS,
+                                                MESSAGE_COLUMNS, OLD_HOT_EVENTS,
+                                                S8_HOT_EVENTS)
 
     parts = job.parquet_parts(path)
     if parts is None:
@@ -423,33 +445,33 @@ def run_codes(path: str) -> RunCodes | None:
             data = json.load(f)
         hot = data.get("hot")
         if data.get("events") != list(EVENT_CODES) or \
-                hot not in (list(HOT_EVENTS), list(OLD_HOT_EVENTS)):
+                hot not in (list(HOT_EVENTS), list(S8_HOT_EVENTS), list(OLD_HOT_EVENTS)):
             return None
         rest = data["rest"]
-        if "/" in str(rest["file"]):
+        rest_path = _checked_file(path, rest, _CODE_TYPES)
+        if rest_path is None:
             return None
-        rest_path = os.path.join(path, str(rest["file"]))
-        if pq.read_metadata(rest_path).num_rows != int(rest["rows"]):
-            return None
-        for part in [*parts, rest_path]:
-            if not set(CODE_COLUMNS) <= set(pq.read_schema(part).names):
+        for part in parts:       # the columns the integer pass reads (older runs: these)
+            if not set(_CODE_TYPES) <= set(pq.read_schema(part).names):
                 return None
         demand_path = None        # older runs have no demand file: their parts are read
         if "demand" in data:
-            demand = data["demand"]
-            if "/" in str(demand["file"]):
+            demand_path = _checked_file(path, data["demand"], DEMAND_COLUMNS)
+            if demand_path is None:
                 return None
-            demand_path = os.path.join(path, str(demand["file"]))
-            meta = pq.read_metadata(demand_path)
-            if meta.num_rows != int(demand["rows"]) or \
-                    not set(DEMAND_COLUMNS) <= set(meta.schema.names):
+        messages_path, msgs = None, []
+        if hot == list(HOT_EVENTS):   # the message rows are in no rest file: here
+            messages_path = _checked_file(path, data["messages"], MESSAGE_COLUMNS)
+            if messages_path is None:
                 return None
+            msgs = [str(m) for m in data["msgs"]]
         return RunCodes(run=os.path.basename(os.path.normpath(path)),
                         key=int(data["run_key"]), brokers=[str(b) for b in data["brokers"]],
                         dsts={str(k): int(v) for k, v in data["dsts"].items()},
                         consumers=[str(c) for c in data["consumers"]],
                         parts=parts, rest=rest_path, demand=demand_path,
-                        hot=tuple(hot))
+                        hot=tuple(hot), messages=messages_path, msgs=msgs,
+                        rest_rows=int(rest["rows"]))
     except (OSError, ValueError, TypeError, KeyError, AttributeError, pa.ArrowException):
         return None
 
@@ -494,35 +516,38 @@ def _parts(spark: SparkSession, paths: list[str], coded: dict[str, RunCodes]) ->
     return _coded_frame(spark, [f for p in paths if p in coded for f in coded[p].parts])
 
 
-def _hot(narrow: list[int] | None = None) -> Column:
+def _hot(narrow: dict[tuple[str, ...], list[int]] | None = None) -> Column:
     """The coded row is one its run's Coder left out of the rest file: a hot event (of
-    OLD_HOT_EVENTS for the runs whose key is in ``narrow``) with a broker and no
-    wildcard destination."""
-    from treefed.scenario.parquet_parts import HOT_EVENTS, OLD_HOT_EVENTS
+    the older hot list ``hot`` for the runs whose keys ``narrow[hot]`` lists) with a
+    broker and no wildcard destination."""
+    from treefed.scenario.parquet_parts import HOT_EVENTS
 
     events = _event_in(HOT_EVENTS)
-    if narrow:
-        events = _event_in(OLD_HOT_EVENTS) | (
-            _event_in(tuple(e for e in HOT_EVENTS if e not in OLD_HOT_EVENTS))
-            & ~F.col("run_key").isin(*narrow))
+    for hot, keys in (narrow or {}).items():
+        events = events & ~(_event_in(tuple(e for e in HOT_EVENTS if e not in hot))
+                            & F.col("run_key").isin(*keys))
     return (events & F.col("broker_code").isNotNull()
             & F.coalesce(F.col("dst_code") >= 0, F.lit(True)))
 
 
-def _narrow(coded: dict[str, RunCodes]) -> list[int]:
-    """The keys of the coded runs whose codes file lists OLD_HOT_EVENTS as hot."""
+def _narrow(coded: dict[str, RunCodes]) -> dict[tuple[str, ...], list[int]]:
+    """The keys of the coded runs whose codes file lists an older hot list, by list."""
     from treefed.scenario.parquet_parts import HOT_EVENTS
 
-    return [c.key for c in coded.values() if c.hot != HOT_EVENTS]
+    found: dict[tuple[str, ...], list[int]] = defaultdict(list)
+    for c in coded.values():
+        if c.hot != HOT_EVENTS:
+            found[c.hot].append(c.key)
+    return dict(found)
 
 
 def hot_facts(parsed: DataFrame, interest: DataFrame, stores: DataFrame,
-              narrow: list[int] | None = None) -> DataFrame:
+              narrow: dict[tuple[str, ...], list[int]] | None = None) -> DataFrame:
     """What the P (and S, T, L, A) sums of ``facts`` need of the coded HOT_EVENTS rows, by
     integers: (run_key, broker_code, event_code, ts of an advisory.sent, a demand or
     link event or a consumer.added, consumer_code of a consumer.added, ``useful``,
-    ``from_store``) -> count (``narrow``: the keys of the runs coded with
-    OLD_HOT_EVENTS).  ``useful``: the broker sends
+    ``from_store``) -> count (``narrow``: the keys of the runs coded with an older hot
+    list, by list).  ``useful``: the broker sends
     to the destination of its advisory.received add or demand.created (``interest``:
     (run_key, broker_code, dst_code)); ``from_store``: such an advisory's origin is a
     store (``stores``: (run_key, code) of the brokers that are, job._store).  The count
@@ -596,10 +621,12 @@ def _demand_frames(spark: SparkSession, coded: dict[str, RunCodes],
 
 
 def _code_tables(spark: SparkSession, coded: dict[str, RunCodes], dim_rows: list[dict],
-                 covered: dict[str, set[tuple[str, str]]],
-                 roles: dict) -> tuple[DataFrame, DataFrame, set[tuple[int, int]]]:
-    """hot_facts' interest and stores tables for the coded runs, from pass 1's rows, and
-    the stores as a set of (run_key, code) for ``_hot_rows``."""
+                 covered: dict[str, set[tuple[str, str]]], roles: dict,
+                 messages: dict[str, _RunMessages] | None = None
+                 ) -> tuple[DataFrame, DataFrame, set[tuple[int, int]]]:
+    """hot_facts' interest and stores tables for the coded runs, from pass 1's rows and
+    the send pairs of the runs' MESSAGE_FILEs (``messages``), and the stores as a set of
+    (run_key, code) for ``_hot_rows``."""
     by_run = {c.run: c for c in coded.values()}
     index = {c.run: {b: k for k, b in enumerate(c.brokers)} for c in coded.values()}
     pairs: set[tuple[int, int, int]] = set()
@@ -610,14 +637,30 @@ def _code_tables(spark: SparkSession, coded: dict[str, RunCodes], dim_rows: list
         if c is None:
             continue
         b, d = index[run].get(broker), c.dsts.get(dst)
-        if b is not None and d is not None:
+        # a wildcard's (negative) code is never a hot row's: the rest file has those rows
+        if b is not None and d is not None and d >= 0:
             pairs.add((c.key, b, d))
+    # Arrow columns, not Python rows (make run: ~130,000 pairs); a run's MESSAGE_FILE
+    # pairs are distinct and disjoint from the pairs above (its send rows by strings
+    # all have a wildcard destination)
+    names = ["run_key", "broker_code", "dst_code"]
+    types = [pa.int64(), pa.int32(), pa.int32()]
+    tables = [pa.Table.from_arrays([pa.array(col, t) for col, t in zip(zip(*pairs), types)]
+                                   if pairs else [pa.array([], t) for t in types], names)]
+    for run, found in (messages or {}).items():
+        sent = found.sends
+        tables.append(pa.Table.from_arrays(
+            [pa.array([by_run[run].key] * sent.num_rows, pa.int64()),
+             sent.column("broker_code"), sent.column("dst_code")], names))
     stores = [(c.key, k) for c in coded.values() for k, name in enumerate(c.brokers)
               if (roles.get((c.run, name), {}).get("role") or "") == "leaf"
               or site_tier(name) == "store"]
-    interest = spark.createDataFrame(sorted(pairs),
+    interest = spark.createDataFrame(pa.concat_tables(tables).combine_chunks(),
                                      "run_key long, broker_code int, dst_code int")
-    return interest, spark.createDataFrame(stores, "run_key long, code int"), set(stores)
+    store_table = pa.table([pa.array([k for k, _ in stores], pa.int64()),
+                            pa.array([b for _, b in stores], pa.int32())],
+                           names=["run_key", "code"])
+    return interest, spark.createDataFrame(store_table, "run_key long, code int"), set(stores)
 
 
 def _coded(paths: list[str], json_only: frozenset[str]) -> dict[str, RunCodes]:
@@ -654,7 +697,11 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
                               | (F.col("dst_code") < 0))
 
     step = _Steps(spark)
-    with ThreadPoolExecutor(1, thread_name_prefix="treefed-pass") as helper:
+    with ThreadPoolExecutor(1, thread_name_prefix="treefed-pass") as helper, \
+            ThreadPoolExecutor(1, thread_name_prefix="treefed-messages") as reader:
+        # the coded runs' message rows, read on the driver by pyarrow (no Spark job):
+        # beside pass 1
+        messages = reader.submit(_message_codes, coded)
         summaries = helper.submit(
             lambda: [r.asDict() for r in job.read_summaries(spark, paths).collect()])
         by_consumer = hot = None
@@ -678,13 +725,23 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
         roles = {(r["run"], r["broker"]): r for r in dim_rows if r["kind"] == "info"}
         tree_runs = sorted(run for run, r in info.items()
                            if r["mode"] is not None and r["mode"].lower().startswith("tree"))
-        covered = _interest(dim_rows)
+        found = messages.result()
+        # the coded send pairs by name, for the runs with a wildcard destination only
+        with_patterns = {r["run"] for r in dim_rows if r["pattern_re"] is not None}
+        named: dict[str, set[tuple[str, str]]] = {}
+        for c in coded.values():
+            if c.run in with_patterns and c.run in found:
+                dst_names = {code: name for name, code in c.dsts.items()}
+                sent = found[c.run].sends
+                named[c.run] = {(c.brokers[b], dst_names[d]) for b, d in zip(
+                    sent.column("broker_code").to_pylist(), sent.column("dst_code").to_pylist())}
+        covered = _interest(dim_rows, named)
         if coded:
             # the code tables' Python (~1 s for make run) in the helper too: the string
             # pass below starts at once
             def integer_pass() -> tuple:
                 code_interest, stores, store_codes = _code_tables(
-                    split, coded, dim_rows, covered, roles)
+                    split, coded, dim_rows, covered, roles, found)
                 return (hot_facts(every, code_interest, stores, _narrow(coded)).toArrow(),
                         store_codes)
 
@@ -697,19 +754,25 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
         role_frame = dims.where(F.col("kind") == "info").select("run", "broker", "role")
 
         table = facts(parsed, interest, role_frame, tree_runs).toArrow()
-        step(f"pass 2 by strings ({table.num_rows:,} fact rows)"
+        uncoded = sum(p not in coded for p in paths)
+        step(f"pass 2 by strings ({table.num_rows:,} fact rows from "
+             f"{sum(c.rest_rows for c in coded.values()):,} coded rest rows"
+             + (f" and {uncoded} runs without codes" if uncoded else "") + ")"
              + ("; the integer pass beside it" if coded else ""))
 
         def coded_rows() -> Iterator[tuple]:
-            # the consumer facts (done during pass 1) are counted while hot_facts runs
-            # (_assemble's sums and sets do not depend on the rows' order)
+            # the consumer facts (done during pass 1) and the message rows are counted
+            # while hot_facts runs (_assemble's sums and sets do not depend on the rows'
+            # order)
             if hot is None or by_consumer is None:
                 return
             consumer_table = by_consumer.result()
             yield from _consumer_rows(consumer_table, coded)
+            yield from _message_rows(found, coded, tree_runs)
             hot_table, store_codes = hot.result()
             step(f"pass 2 by codes ({hot_table.num_rows:,} + {consumer_table.num_rows:,} "
-                 "rows), after the string pass's and consumer facts' rows were counted")
+                 "rows), after the string pass's, consumer facts' and message rows were "
+                 "counted")
             yield from _hot_rows(hot_table, coded, store_codes)
 
         out = _assemble(spark, itertools.chain(_fact_rows(table), coded_rows()), info,
@@ -790,10 +853,11 @@ def _hot_rows(table, coded: dict[str, RunCodes],
     broker is a store (worked out once per distinct combination: a few)."""
     from treefed.scenario.parquet_parts import EVENT_CODES
 
-    sent, received, created, removed, stranded, added, up, down = (
+    sent, received, created, removed, stranded, added, up, down, delivered = (
         EVENT_CODES.index(e) for e in (
             "advisory.sent", "advisory.received", "demand.created", "demand.removed",
-            "message.stranded", "consumer.added", "link.up", "link.down"))
+            "message.stranded", "consumer.added", "link.up", "link.down",
+            "message.delivered"))
     by_key = {c.key: c for c in coded.values()}
     bits: dict[tuple, int] = {}
     cols = [table.column(n).to_pylist() for n in (
@@ -817,6 +881,7 @@ def _hot_rows(table, coded: dict[str, RunCodes],
                 | (1 << 7 if spilled and at_store and not from_store else 0)
                 | (1 << 8 if event == created else 0)
                 | (1 << 9 if event == created and not useful else 0)
+                | (1 << 10 if event == delivered else 0)
                 | (1 << 11 if event == stranded else 0))
         broker = c.brokers[broker_code]
         yield ("P", c.run, broker, None, None, None, code, n)
@@ -835,6 +900,86 @@ def _hot_rows(table, coded: dict[str, RunCodes],
             elif not name.startswith(broker + "/"):
                 name = broker + "/" + name
             yield ("A", c.run, None, name, None, ts, 0, n)
+
+
+@dataclass
+class _RunMessages:
+    """One run's MESSAGE_FILE rows, by codes: what facts makes of the message rows
+    (besides their P counts, which hot_facts counts with the other hot rows)."""
+
+    sends: pa.Table    # (broker_code, dst_code) produced or forwarded to, distinct
+    copies: list[tuple]           # facts' M rows
+    forwards: pa.Table            # (broker_code, peer_code, msg_code, n): F rows in a tree run
+
+
+def _copy_key(msg: str | None, dst: str | None, broker: str, consumer: str | None) -> str:
+    """facts' ``copy`` of a delivery: concat_ws over msg, dst and, for a topic, the
+    subscriber (the broker + "/" + the consumer id's last segment; nulls skipped)."""
+    if dst is not None and (dst.startswith("topic://") or dst.startswith("temp-topic://")):
+        subscriber = broker if consumer is None else broker + "/" + consumer.rsplit("/", 1)[-1]
+        parts: tuple = (msg, dst, subscriber)
+    else:
+        parts = (msg, dst)
+    return "\x00".join(p for p in parts if p is not None)
+
+
+def _run_messages(c: RunCodes) -> _RunMessages:
+    """A run's MESSAGE_FILE read on the driver (pyarrow: a few thousand rows per run, each
+    a message's send, forward or delivery): the send pairs, facts' M rows (the copy key
+    made as facts makes it, merged by facts' key), the forwards grouped by code."""
+    import pyarrow.compute as pc
+
+    from treefed.scenario.parquet_parts import EVENT_CODES
+
+    table = pq.read_table(c.messages, columns=[
+        "event_code", "broker_code", "dst_code", "msg_code", "peer_code", "consumer_code"])
+    event = pc.shift_right(table.column("event_code"), 1)
+    count = [("event_code", "count", pc.CountOptions(mode="all"))]
+    sent = table.filter(pc.and_(
+        pc.is_in(event, pa.array([EVENT_CODES.index("message.produced"),
+                                  EVENT_CODES.index("message.forwarded")], pa.int32())),
+        pc.is_valid(table.column("dst_code"))))
+    sends = sent.group_by(["broker_code", "dst_code"]).aggregate([])
+    delivered = (table.filter(pc.equal(event, EVENT_CODES.index("message.delivered")))
+                 .group_by(["broker_code", "msg_code", "dst_code", "consumer_code"])
+                 .aggregate(count))
+    dst_names = {code: name for name, code in c.dsts.items() if code >= 0}
+    merged: dict[tuple, int] = defaultdict(int)
+    brokers, msgs, consumers = c.brokers, c.msgs, c.consumers
+    for b, m, d, k, n in zip(*(delivered.column(n).to_pylist() for n in (
+            "broker_code", "msg_code", "dst_code", "consumer_code", "event_code_count"))):
+        broker = brokers[b]
+        msg = None if m is None else msgs[m]
+        merged[(broker, _copy_key(msg, None if d is None else dst_names[d], broker,
+                                  None if k is None else consumers[k]), msg)] += n
+    copies = [("M", c.run, broker, copy, msg, None, 0, n)
+              for (broker, copy, msg), n in merged.items()]
+    forwards = (table.filter(pc.equal(event, EVENT_CODES.index("message.forwarded")))
+                .group_by(["broker_code", "peer_code", "msg_code"]).aggregate(count))
+    return _RunMessages(sends=sends, copies=copies, forwards=forwards)
+
+
+def _message_codes(coded: dict[str, RunCodes]) -> dict[str, _RunMessages]:
+    """``_run_messages`` of each coded run with a MESSAGE_FILE, by run id."""
+    return {c.run: _run_messages(c) for c in coded.values() if c.messages is not None}
+
+
+def _message_rows(messages: dict[str, _RunMessages], coded: dict[str, RunCodes],
+                  tree_runs: list[str]) -> Iterator[tuple]:
+    """facts' M rows of the runs read from MESSAGE_FILEs, and their F rows in the tree
+    runs (broker, peer, msg; facts keeps the forwards of tree-mode runs only)."""
+    by_run = {c.run: c for c in coded.values()}
+    tree = set(tree_runs)
+    for run, found in messages.items():
+        yield from found.copies
+        if run not in tree:
+            continue
+        brokers, msgs = by_run[run].brokers, by_run[run].msgs
+        f = found.forwards
+        for b, p, m, n in zip(*(f.column(n).to_pylist() for n in (
+                "broker_code", "peer_code", "msg_code", "event_code_count"))):
+            yield ("F", run, brokers[b], None if p is None else brokers[p],
+                   None if m is None else msgs[m], None, 0, n)
 
 
 def _consumer_rows(table, coded: dict[str, RunCodes]) -> Iterator[tuple]:

@@ -41,7 +41,8 @@ from treefed import events
 __all__ = ["ARROW_TYPES", "ROW_GROUP_LINES", "arrow_schema", "coded_schema", "ParquetParts",
            "Coder", "CODE_COLUMNS", "EVENT_CODES", "CODES_FILE", "HOT_EVENTS", "OLD_HOT_EVENTS",
            "REST_FILE",
-           "DEMAND_FILE", "DEMAND_COLUMNS", "demand_schema", "part_name",
+           "DEMAND_FILE", "DEMAND_COLUMNS", "demand_schema", "S8_HOT_EVENTS",
+           "MESSAGE_EVENTS", "MESSAGE_FILE", "MESSAGE_COLUMNS", "message_schema", "part_name",
            "parquet_problems", "run_key"]
 
 ARROW_TYPES: dict[str, pa.DataType] = {
@@ -77,24 +78,34 @@ EVENT_CODES: tuple[str, ...] = tuple(events.EVENTS)
 #:                   (-1, -2, ...) for a wildcard destination (``*`` or ``>`` in it)
 #:   ``run_key``     the run's key (``run_key``), the same on every row
 #:   ``consumer_code`` the run's index of ``consumer`` (the consumer dictionary)
+#:   ``msg_code``    the run's index of ``msg`` (the message dictionary)
+#:   ``peer_code``   the broker-dictionary index of ``peer``
 #: The dictionaries are written at close to ``CODES_FILE``; summary.json lists it.
+#: (Runs written before ``msg_code`` and ``peer_code`` have the first six columns only.)
 CODE_COLUMNS: dict[str, pa.DataType] = {
     "event_code": pa.int32(), "broker_code": pa.int32(), "origin_code": pa.int32(),
     "dst_code": pa.int32(), "run_key": pa.int64(), "consumer_code": pa.int32(),
+    "msg_code": pa.int32(), "peer_code": pa.int32(),
 }
 CODES_FILE = "events.codes.json"
 
-#: The events the job counts by their codes alone (96 % of make run's rows: advisories
-#: of TTL meshes, then link, consumer-added and stranded events: what the job needs of
-#: them is the event, broker, consumer and ts).  Every other row (and such a row without
-#: a broker, or with a wildcard destination) is also copied to REST_FILE, so the job
-#: reads the strings of ~3 % of the rows: a Parquet reader decodes every column it
-#: selects for every row, whatever a filter later keeps.  The codes file records the
-#: list (``hot``): the job reads runs written with OLD_HOT_EVENTS by that list.
+#: The events the job counts by their codes alone (99.7 % of make run's rows: advisories
+#: of TTL meshes, then messages produced, forwarded and delivered, link, consumer-added
+#: and stranded events: what the job needs of them is the event, broker, consumer, ts,
+#: and of the messages their destination, message and peer codes).  Every other row (and
+#: such a row without a broker, or with a wildcard destination) is also copied to
+#: REST_FILE, so the job reads the strings of ~0.3 % of the rows: a Parquet reader
+#: decodes every column it selects for every row, whatever a filter later keeps.  The
+#: codes file records the list (``hot``): the job reads runs written with S8_HOT_EVENTS
+#: or OLD_HOT_EVENTS by that list.
 HOT_EVENTS: tuple[str, ...] = ("advisory.sent", "advisory.received", "advisory.dropped",
                                "demand.created", "demand.removed", "link.up", "link.down",
                                "consumer.added", "consumer.removed", "message.stranded",
-                               "message.dropped")
+                               "message.dropped", "message.produced", "message.forwarded",
+                               "message.delivered")
+#: The hot list of runs written before the messages were hot (no MESSAGE_FILE, no
+#: msg_code / peer_code columns).
+S8_HOT_EVENTS: tuple[str, ...] = HOT_EVENTS[:11]
 #: The hot list of runs written before the link, consumer and stranded events were hot.
 OLD_HOT_EVENTS: tuple[str, ...] = HOT_EVENTS[:4]
 REST_FILE = "events.rest.parquet"
@@ -106,11 +117,28 @@ REST_FILE = "events.rest.parquet"
 DEMAND_FILE = "events.demand.parquet"
 DEMAND_COLUMNS: tuple[str, ...] = ("run_key", "consumer_code", "ts")
 
+#: The hot message rows' MESSAGE_COLUMNS again, in a file of their own (2.4 % of make
+#: run's rows): the (broker, destination) pairs a broker sends to, each delivered copy
+#: and each forward, which the job reads there by integers on the driver instead of by
+#: their strings in the rest file.  The codes file lists it (``messages``: file, rows)
+#: when the hot list has MESSAGE_EVENTS.
+MESSAGE_EVENTS: tuple[str, ...] = ("message.produced", "message.forwarded",
+                                   "message.delivered")
+MESSAGE_FILE = "events.messages.parquet"
+MESSAGE_COLUMNS: tuple[str, ...] = ("run_key", "event_code", "broker_code", "dst_code",
+                                    "msg_code", "peer_code", "consumer_code")
+
 
 def demand_schema() -> pa.Schema:
     """DEMAND_FILE's columns, typed as in coded_schema."""
     coded = coded_schema()
     return pa.schema([coded.field(n) for n in DEMAND_COLUMNS])
+
+
+def message_schema() -> pa.Schema:
+    """MESSAGE_FILE's columns, typed as in coded_schema."""
+    coded = coded_schema()
+    return pa.schema([coded.field(n) for n in MESSAGE_COLUMNS])
 
 
 def coded_schema() -> pa.Schema:
@@ -135,6 +163,7 @@ class Coder:
         self.brokers: dict[str, int] = {}
         self.dsts: dict[str, int] = {}
         self.consumers: dict[str, int] = {}
+        self.msgs: dict[str, int] = {}
         self._wild = 0
 
     def _broker(self, name: str) -> int:
@@ -147,6 +176,12 @@ class Coder:
         code = self.consumers.get(name)
         if code is None:
             code = self.consumers[name] = len(self.consumers)
+        return code
+
+    def _msg(self, name: str) -> int:
+        code = self.msgs.get(name)
+        if code is None:
+            code = self.msgs[name] = len(self.msgs)
         return code
 
     def _dst(self, name: str) -> int:
@@ -184,6 +219,9 @@ class Coder:
             "dst_code": self._mapped(table.column("dst"), self._dst),
             "run_key": pa.array([self.key] * len(table), pa.int64()),
             "consumer_code": self._mapped(consumer, self._consumer),
+            "msg_code": self._mapped(table.column("msg"), self._msg),
+            # after the origins: a peer new to the run gets the next broker code
+            "peer_code": self._mapped(table.column("peer"), self._broker),
         }
         for name, values in columns.items():
             table = table.append_column(pa.field(name, CODE_COLUMNS[name]),
@@ -202,24 +240,38 @@ class Coder:
         return table.filter(pc.invert(pc.and_(hot, plain)))
 
     @staticmethod
-    def demand(table: pa.Table) -> pa.Table:
-        """DEMAND_COLUMNS of an encoded table's hot demand.created rows."""
-        created = pc.equal(pc.shift_right(table.column("event_code"), 1),
-                           EVENT_CODES.index("demand.created"))
-        hot = pc.and_(pc.fill_null(created, False), pc.is_valid(table.column("broker_code")))
+    def _hot_of(table: pa.Table, events: tuple[str, ...]) -> pa.Table:
+        """The hot rows of an encoded table that are one of ``events``."""
+        these = pc.is_in(pc.shift_right(table.column("event_code"), 1),
+                         pa.array([EVENT_CODES.index(e) for e in events], pa.int32()))
+        hot = pc.and_(pc.fill_null(these, False), pc.is_valid(table.column("broker_code")))
         plain = pc.fill_null(pc.greater_equal(table.column("dst_code"), 0), True)
-        return table.filter(pc.and_(hot, plain)).select(list(DEMAND_COLUMNS))
+        return table.filter(pc.and_(hot, plain))
 
-    def write(self, folder: Path, rest_rows: int, demand_rows: int | None = None) -> str:
-        """Write the dictionaries (and REST_FILE's and DEMAND_FILE's row counts) to
-        ``folder/CODES_FILE``; return its name."""
+    @classmethod
+    def demand(cls, table: pa.Table) -> pa.Table:
+        """DEMAND_COLUMNS of an encoded table's hot demand.created rows."""
+        return cls._hot_of(table, ("demand.created",)).select(list(DEMAND_COLUMNS))
+
+    @classmethod
+    def messages(cls, table: pa.Table) -> pa.Table:
+        """MESSAGE_COLUMNS of an encoded table's hot MESSAGE_EVENTS rows."""
+        return cls._hot_of(table, MESSAGE_EVENTS).select(list(MESSAGE_COLUMNS))
+
+    def write(self, folder: Path, rest_rows: int, demand_rows: int | None = None,
+              message_rows: int | None = None) -> str:
+        """Write the dictionaries (and REST_FILE's, DEMAND_FILE's and MESSAGE_FILE's row
+        counts) to ``folder/CODES_FILE``; return its name."""
         data = {"run_key": self.key, "events": list(EVENT_CODES), "hot": list(HOT_EVENTS),
                 "rest": {"file": REST_FILE, "rows": rest_rows},
                 "brokers": sorted(self.brokers, key=self.brokers.__getitem__),
                 "consumers": sorted(self.consumers, key=self.consumers.__getitem__),
+                "msgs": sorted(self.msgs, key=self.msgs.__getitem__),
                 "dsts": {name: code for name, code in self.dsts.items()}}
         if demand_rows is not None:
             data["demand"] = {"file": DEMAND_FILE, "rows": demand_rows}
+        if message_rows is not None:
+            data["messages"] = {"file": MESSAGE_FILE, "rows": message_rows}
         tmp = folder / (CODES_FILE + ".tmp")
         tmp.write_text(json.dumps(data), encoding="utf-8")
         os.replace(tmp, folder / CODES_FILE)
@@ -249,6 +301,8 @@ class ParquetParts:
         self._rest_rows = 0
         self._demand: pq.ParquetWriter | None = None
         self._demand_rows = 0
+        self._messages: pq.ParquetWriter | None = None
+        self._message_rows = 0
         self._part_lines = part_lines
         self._group_lines = row_group_lines
         self._pending: list[bytes] = []
@@ -299,6 +353,13 @@ class ParquetParts:
             if len(demand):
                 self._demand.write_table(demand, row_group_size=len(demand))
                 self._demand_rows += len(demand)
+            messages = self.coder.messages(table)
+            if self._messages is None:
+                self._messages = pq.ParquetWriter(self.folder / MESSAGE_FILE,
+                                                  message_schema(), compression="snappy")
+            if len(messages):
+                self._messages.write_table(messages, row_group_size=len(messages))
+                self._message_rows += len(messages)
         if self._writer is None:
             name = part_name(len(self.parts))
             self._writer = pq.ParquetWriter(self.folder / name, self._out_schema,
@@ -327,6 +388,10 @@ class ParquetParts:
             self._demand.close()
             self._demand = None
         (self.folder / DEMAND_FILE).unlink(missing_ok=True)
+        if self._messages is not None:
+            self._messages.close()
+            self._messages = None
+        (self.folder / MESSAGE_FILE).unlink(missing_ok=True)
         self._close_part()
         for name, _ in self.parts:
             (self.folder / name).unlink(missing_ok=True)
@@ -344,8 +409,12 @@ class ParquetParts:
         if self._demand is not None:
             self._demand.close()
             self._demand = None
+        if self._messages is not None:
+            self._messages.close()
+            self._messages = None
         if self.error is None and self.coder is not None and self.parts:
-            self.codes = self.coder.write(self.folder, self._rest_rows, self._demand_rows)
+            self.codes = self.coder.write(self.folder, self._rest_rows, self._demand_rows,
+                                          self._message_rows)
 
     @property
     def rows(self) -> int:
