@@ -620,47 +620,58 @@ def _demand_frames(spark: SparkSession, coded: dict[str, RunCodes],
     return parsed, (spark.read.schema(fields).parquet(*files) if files else None)
 
 
-def _code_tables(spark: SparkSession, coded: dict[str, RunCodes], dim_rows: list[dict],
-                 covered: dict[str, set[tuple[str, str]]], roles: dict,
-                 messages: dict[str, _RunMessages] | None = None
+def _code_tables(spark: SparkSession, coded: dict[str, RunCodes],
+                 messages: dict[str, _RunMessages]
                  ) -> tuple[DataFrame, DataFrame, set[tuple[int, int]]]:
-    """hot_facts' interest and stores tables for the coded runs, from pass 1's rows and
-    the send pairs of the runs' MESSAGE_FILEs (``messages``), and the stores as a set of
-    (run_key, code) for ``_hot_rows``."""
-    by_run = {c.run: c for c in coded.values()}
-    index = {c.run: {b: k for k, b in enumerate(c.brokers)} for c in coded.values()}
-    pairs: set[tuple[int, int, int]] = set()
-    sends = [(r["run"], r["broker"], r["dst"]) for r in dim_rows if r["kind"] == "send"]
-    sends += [(run, b, d) for run, found in covered.items() for b, d in found]
-    for run, broker, dst in sends:
-        c = by_run.get(run)
-        if c is None:
-            continue
-        b, d = index[run].get(broker), c.dsts.get(dst)
-        # a wildcard's (negative) code is never a hot row's: the rest file has those rows
-        if b is not None and d is not None and d >= 0:
-            pairs.add((c.key, b, d))
-    # Arrow columns, not Python rows (make run: ~130,000 pairs); a run's MESSAGE_FILE
-    # pairs are distinct and disjoint from the pairs above (its send rows by strings
-    # all have a wildcard destination)
+    """hot_facts' interest and stores tables for the coded runs from their codes alone
+    (so the integer pass need not wait for pass 1), and the stores as a set of
+    (run_key, code) for ``_hot_rows``.  Interest: the (broker, destination) pairs a
+    broker produced or forwarded to (pass 1's ``send`` rows): a run's MESSAGE_FILE pairs
+    and its rest file's message rows (all of them in runs coded with an older hot list;
+    only those with a wildcard destination otherwise, which no hot row has).  Stores
+    (job._store): a broker whose latest broker.info (rest file: max_by role, ts, as
+    pass 1) names it a leaf, or a ``store-`` site by its id."""
+    import pyarrow.compute as pc
+
+    from treefed.scenario.parquet_parts import EVENT_CODES
+
+    sending = pa.array([EVENT_CODES.index(e) for e in _INTEREST_EVENTS], pa.int32())
     names = ["run_key", "broker_code", "dst_code"]
-    types = [pa.int64(), pa.int32(), pa.int32()]
-    tables = [pa.Table.from_arrays([pa.array(col, t) for col, t in zip(zip(*pairs), types)]
-                                   if pairs else [pa.array([], t) for t in types], names)]
-    for run, found in (messages or {}).items():
-        sent = found.sends
-        tables.append(pa.Table.from_arrays(
-            [pa.array([by_run[run].key] * sent.num_rows, pa.int64()),
-             sent.column("broker_code"), sent.column("dst_code")], names))
-    stores = [(c.key, k) for c in coded.values() for k, name in enumerate(c.brokers)
-              if (roles.get((c.run, name), {}).get("role") or "") == "leaf"
-              or site_tier(name) == "store"]
-    interest = spark.createDataFrame(pa.concat_tables(tables).combine_chunks(),
-                                     "run_key long, broker_code int, dst_code int")
-    store_table = pa.table([pa.array([k for k, _ in stores], pa.int64()),
-                            pa.array([b for _, b in stores], pa.int32())],
+    tables = []
+    stores: set[tuple[int, int]] = set()
+    for c in coded.values():
+        rest = pq.read_table(c.rest, columns=["event_code", "broker_code", "dst_code",
+                                               "role", "ts"])
+        event = pc.shift_right(rest.column("event_code"), 1)
+        sent = rest.filter(pc.and_(pc.and_(pc.is_in(event, sending),
+                                           pc.is_valid(rest.column("broker_code"))),
+                                   pc.greater_equal(rest.column("dst_code"), 0)))
+        found = messages.get(c.run)
+        for pairs in [sent] + ([found.sends] if found is not None else []):
+            tables.append(pa.Table.from_arrays(
+                [pa.array([c.key] * pairs.num_rows, pa.int64()),
+                 pairs.column("broker_code"), pairs.column("dst_code")], names))
+        info = rest.filter(pc.and_(pc.equal(event, EVENT_CODES.index("broker.info")),
+                                   pc.is_valid(rest.column("broker_code"))))
+        latest: dict[int, tuple[float, str | None]] = {}
+        for b, role, ts in zip(*(info.column(n).to_pylist()
+                                 for n in ("broker_code", "role", "ts"))):
+            # max_by: a null ts never wins; of equal times the first read
+            if ts is not None and (b not in latest or ts > latest[b][0]):
+                latest[b] = (ts, role)
+        stores.update((c.key, b) for b, (_, role) in latest.items() if role == "leaf")
+        stores.update((c.key, k) for k, name in enumerate(c.brokers)
+                      if site_tier(name) == "store")
+    interest = (pa.concat_tables(tables).group_by(names).aggregate([]) if tables
+                else pa.table([pa.array([], t) for t in (pa.int64(), pa.int32(), pa.int32())],
+                              names=names))
+    ordered = sorted(stores)
+    store_table = pa.table([pa.array([k for k, _ in ordered], pa.int64()),
+                            pa.array([b for _, b in ordered], pa.int32())],
                            names=["run_key", "code"])
-    return interest, spark.createDataFrame(store_table, "run_key long, code int"), set(stores)
+    return (spark.createDataFrame(interest.select(names),
+                                  "run_key long, broker_code int, dst_code int"),
+            spark.createDataFrame(store_table, "run_key long, code int"), stores)
 
 
 def _coded(paths: list[str], json_only: frozenset[str]) -> dict[str, RunCodes]:
@@ -699,28 +710,36 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
     step = _Steps(spark)
     with ThreadPoolExecutor(1, thread_name_prefix="treefed-pass") as helper, \
             ThreadPoolExecutor(1, thread_name_prefix="treefed-messages") as reader:
-        # the coded runs' message rows, read on the driver by pyarrow (no Spark job):
-        # beside pass 1
+        # the coded runs' message rows, read on the driver by pyarrow (no Spark job)
         messages = reader.submit(_message_codes, coded)
-        summaries = helper.submit(
-            lambda: [r.asDict() for r in job.read_summaries(spark, paths).collect()])
         by_consumer = hot = None
         if coded:
             # its own session: the ~1 MB read splits (_split_session) for its scans only
             split = _split_session(spark)
             every = _parts(split, paths, coded)
-            # needs nothing of pass 1: beside it (pass 1 is mostly the JVM's warm-up,
-            # planning and generating code on one thread)
+
+            # needs nothing of pass 1 (its interest and stores come from the codes): from
+            # the start, beside pass 1 (mostly the JVM's warm-up: planning and generating
+            # code on one thread)
+            def integer_pass() -> tuple:
+                code_interest, stores, store_codes = _code_tables(split, coded,
+                                                                  messages.result())
+                return (hot_facts(every, code_interest, stores, _narrow(coded)).toArrow(),
+                        store_codes)
+
+            hot = helper.submit(_in_pool, spark, integer_pass)
             by_consumer = helper.submit(
                 _in_pool, spark,
                 consumer_facts(*_demand_frames(split, coded, paths)).toArrow)
+        summaries = helper.submit(
+            lambda: [r.asDict() for r in job.read_summaries(spark, paths).collect()])
         dims = dimensions(events).persist(StorageLevel.MEMORY_AND_DISK)
         cached.append(dims)
         # Arrow, not collect(): Row objects cost ~2 s of the driver's Python for make
         # run's dimension rows (the same values: strings, longs, nulls)
         dim_rows = dims.toArrow().to_pylist()
-        step(f"pass 1 (dimensions, {len(dim_rows):,} rows; the summaries and "
-             "consumer facts beside it)")
+        step(f"pass 1 (dimensions, {len(dim_rows):,} rows; the integer pass, consumer "
+             "facts and summaries beside it)")
         info = {r["run"]: r for r in dim_rows if r["kind"] == "start"}
         roles = {(r["run"], r["broker"]): r for r in dim_rows if r["kind"] == "info"}
         tree_runs = sorted(run for run, r in info.items()
@@ -736,16 +755,6 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
                 named[c.run] = {(c.brokers[b], dst_names[d]) for b, d in zip(
                     sent.column("broker_code").to_pylist(), sent.column("dst_code").to_pylist())}
         covered = _interest(dim_rows, named)
-        if coded:
-            # the code tables' Python (~1 s for make run) in the helper too: the string
-            # pass below starts at once
-            def integer_pass() -> tuple:
-                code_interest, stores, store_codes = _code_tables(
-                    split, coded, dim_rows, covered, roles, found)
-                return (hot_facts(every, code_interest, stores, _narrow(coded)).toArrow(),
-                        store_codes)
-
-            hot = helper.submit(_in_pool, spark, integer_pass)
         interest = dims.where(F.col("kind") == "send").select("run", "broker", "dst")
         extra = [(run, b, d) for run, pairs in covered.items() for b, d in sorted(pairs)]
         if extra:
@@ -761,19 +770,17 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
              + ("; the integer pass beside it" if coded else ""))
 
         def coded_rows() -> Iterator[tuple]:
-            # the consumer facts (done during pass 1) and the message rows are counted
-            # while hot_facts runs (_assemble's sums and sets do not depend on the rows'
-            # order)
+            # the message rows, then the integer pass's and the consumer facts' rows as
+            # they come (_assemble's sums and sets do not depend on the rows' order)
             if hot is None or by_consumer is None:
                 return
-            consumer_table = by_consumer.result()
-            yield from _consumer_rows(consumer_table, coded)
             yield from _message_rows(found, coded, tree_runs)
             hot_table, store_codes = hot.result()
-            step(f"pass 2 by codes ({hot_table.num_rows:,} + {consumer_table.num_rows:,} "
-                 "rows), after the string pass's, consumer facts' and message rows were "
-                 "counted")
             yield from _hot_rows(hot_table, coded, store_codes)
+            consumer_table = by_consumer.result()
+            step(f"pass 2 by codes ({hot_table.num_rows:,} + {consumer_table.num_rows:,} "
+                 "rows), after the string pass's, message and hot rows were counted")
+            yield from _consumer_rows(consumer_table, coded)
 
         out = _assemble(spark, itertools.chain(_fact_rows(table), coded_rows()), info,
                         roles, summaries.result(), cached)
