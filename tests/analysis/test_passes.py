@@ -46,11 +46,12 @@ def test_site_tier_like_job_site_tier():
 
 def test_hot_rows_are_facts_rows():
     """hot_facts' grouped integer rows back as facts' rows, by hand: the P code's bits
-    (spill at a store from a store or not, wasted demand, stranded), the event's own fact
+    (spill at a store from a store or not, wasted demand, deliveries, stranded; none for
+    the rows folded into _PLAIN_CODE), the event's own fact
     (T +n / -n, S, L, A with facts' qualified consumer id), broker names by dictionary."""
     import pyarrow as pa
 
-    from treefed.analysis.passes import RunCodes, _hot_rows
+    from treefed.analysis.passes import _PLAIN_CODE, RunCodes, _hot_rows
     from treefed.scenario.parquet_parts import EVENT_CODES
 
     def ev(name, removal=False):
@@ -73,6 +74,8 @@ def test_hot_rows_are_facts_rows():
         (0, ev("consumer.added"), 1.0, 0, False, False, 1),   # "c/1" at store-1
         (0, ev("consumer.added"), 1.0, 1, False, False, 1),   # already "store-1/..."
         (0, ev("consumer.added"), 1.0, None, False, False, 1),
+        (1, _PLAIN_CODE, None, None, False, False, 7),   # produced, forwarded, ...
+        (0, ev("message.delivered"), None, None, False, False, 3),
     ]
     names = ("broker_code", "event_code", "ts", "consumer_code", "useful", "from_store",
              "count")
@@ -84,7 +87,8 @@ def test_hot_rows_are_facts_rows():
                  ("region-1", 16 | 32, 1), ("store-1", 16, 4), ("store-1", 0, 1),
                  ("region-1", 8, 5), ("region-1", 0, 1), ("region-1", 256 | 512, 2),
                  ("region-1", 0, 1), ("store-1", 2048, 6), ("store-1", 0, 1),
-                 ("store-1", 0, 1), ("store-1", 0, 1), ("store-1", 0, 1)]
+                 ("store-1", 0, 1), ("store-1", 0, 1), ("store-1", 0, 1),
+                 ("region-1", 0, 7), ("store-1", 1024, 3)]
     rest = [t for t in got if t[0] != "P"]
     assert rest == [("S", "r", None, None, None, 2.0, 0, 5),
                     ("S", "r", None, None, None, 3.0, 0, 1),

@@ -541,6 +541,14 @@ def _narrow(coded: dict[str, RunCodes]) -> dict[tuple[str, ...], list[int]]:
     return dict(found)
 
 
+#: HOT_EVENTS whose rows add to no count of a P row and make no other fact (facts: code
+#: 0, no second fact) -- with advisory.received removals; hot_facts gives them one
+#: event code, _PLAIN_CODE (no event's: _hot_rows makes a code-0 P row of it).
+_PLAIN_HOT = ("advisory.dropped", "consumer.removed", "message.dropped", "message.produced",
+              "message.forwarded")
+_PLAIN_CODE = -1
+
+
 def hot_facts(parsed: DataFrame, interest: DataFrame, stores: DataFrame,
               narrow: dict[tuple[str, ...], list[int]] | None = None) -> DataFrame:
     """What the P (and S, T, L, A) sums of ``facts`` need of the coded HOT_EVENTS rows, by
@@ -566,8 +574,13 @@ def hot_facts(parsed: DataFrame, interest: DataFrame, stores: DataFrame,
     timed = event.isin(*(EVENT_CODES.index(e) for e in (
         "advisory.sent", "demand.created", "demand.removed", "link.up", "link.down",
         "consumer.added")))
+    # the rows whose only fact is a P row with no count bit (code 0) are one group per
+    # broker (make run: -115,000 grouped rows, mostly the messages produced and forwarded)
+    plain = (event.isin(*(EVENT_CODES.index(e) for e in _PLAIN_HOT))
+             | (~add & (event == EVENT_CODES.index("advisory.received"))))
     rows = parsed.where(_hot(narrow)).select(
-        "run_key", "broker_code", "event_code",
+        "run_key", "broker_code",
+        F.when(plain, F.lit(_PLAIN_CODE)).otherwise(F.col("event_code")).alias("event_code"),
         F.when(timed, F.col("ts")).alias("ts"),
         F.when(added, F.col("consumer_code")).alias("consumer_code"),
         F.when(received | created, F.col("broker_code")).alias("ji_broker"),
@@ -587,37 +600,47 @@ def hot_facts(parsed: DataFrame, interest: DataFrame, stores: DataFrame,
                         F.col("f_store").isNotNull().alias("from_store")).count()
 
 
-def consumer_facts(parsed: DataFrame | None, demand: DataFrame | None) -> DataFrame:
-    """facts' C sums for the coded demand.created rows: (run_key, consumer_code, ts) -> n
-    (apart from hot_facts: a joint key with the broker would not collapse).  ``demand``:
-    the runs' DEMAND_FILE rows (those rows already); ``parsed``: the parts of the coded
-    runs without one (their hot demand.created rows are picked out here)."""
-    frames = [] if demand is None else [demand.select("run_key", "consumer_code", "ts")]
-    if parsed is not None:
-        frames.append(parsed.where(_hot() & _event_in(("demand.created",)))
-                      .select("run_key", "consumer_code", "ts"))
-    rows = frames[0]
-    for more in frames[1:]:
-        rows = rows.unionByName(more)
-    return rows.groupBy("run_key", "consumer_code", "ts").count()
+def consumer_facts(parsed: DataFrame) -> DataFrame:
+    """facts' C sums for the coded demand.created rows of runs without a DEMAND_FILE:
+    (run_key, consumer_code, ts) -> n (apart from hot_facts: a joint key with the broker
+    would not collapse).  ``parsed``: those runs' parts (their hot demand.created rows
+    are picked out here).  The runs with one: ``_demand_counts``."""
+    return (parsed.where(_hot() & _event_in(("demand.created",)))
+            .select("run_key", "consumer_code", "ts")
+            .groupBy("run_key", "consumer_code", "ts").count())
 
 
-def _demand_frames(spark: SparkSession, coded: dict[str, RunCodes],
-                   paths: list[str]) -> tuple[DataFrame | None, DataFrame | None]:
-    """consumer_facts' inputs: (the coded runs' parts that have no DEMAND_FILE, the
-    DEMAND_FILEs of the others), None where there are none."""
-    fields = T.StructType([T.StructField(c, _CODE_TYPES[c]) if c in _CODE_TYPES
-                           else T.StructField(c, T.DoubleType())
-                           for c in ("run_key", "consumer_code", "ts")])
-    runs = [coded[p] for p in paths if p in coded]
-    files = [c.demand for c in runs if c.demand is not None]
-    parts = [f for c in runs if c.demand is None for f in c.parts]
-    parsed = None
-    if parts:
-        schema = T.StructType(job._parquet_schema().fields
-                              + [T.StructField(c, t) for c, t in _CODE_TYPES.items()])
-        parsed = spark.read.schema(schema).parquet(*parts)
-    return parsed, (spark.read.schema(fields).parquet(*files) if files else None)
+def _demand_parts(spark: SparkSession, coded: dict[str, RunCodes],
+                  paths: list[str]) -> DataFrame | None:
+    """consumer_facts' input: the parts of the coded runs that have no DEMAND_FILE (None:
+    there are none)."""
+    parts = [f for p in paths if p in coded and coded[p].demand is None
+             for f in coded[p].parts]
+    if not parts:
+        return None
+    schema = T.StructType(job._parquet_schema().fields
+                          + [T.StructField(c, t) for c, t in _CODE_TYPES.items()])
+    return spark.read.schema(schema).parquet(*parts)
+
+
+def _demand_counts(coded: dict[str, RunCodes]) -> pa.Table:
+    """consumer_facts' sums for the coded runs with a DEMAND_FILE, on the driver (pyarrow:
+    make run's 851,661 rows of three integers; a Spark job's planning, code generation
+    and tasks cost more than the grouping): (run_key, consumer_code, ts, count)."""
+    import pyarrow.compute as pc
+
+    from treefed.scenario.parquet_parts import DEMAND_COLUMNS
+
+    files = [c.demand for c in coded.values() if c.demand is not None]
+    if not files:
+        return pa.table({"run_key": pa.array([], pa.int64()),
+                         "consumer_code": pa.array([], pa.int32()),
+                         "ts": pa.array([], pa.float64()), "count": pa.array([], pa.int64())})
+    rows = pa.concat_tables([pq.read_table(f, columns=list(DEMAND_COLUMNS)) for f in files])
+    counted = rows.group_by(list(DEMAND_COLUMNS), use_threads=False).aggregate(
+        [("run_key", "count", pc.CountOptions(mode="all"))])
+    return pa.table({**{n: counted.column(n) for n in DEMAND_COLUMNS},
+                     "count": counted.column("run_key_count")})
 
 
 def _code_tables(spark: SparkSession, coded: dict[str, RunCodes],
@@ -712,7 +735,7 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
             ThreadPoolExecutor(1, thread_name_prefix="treefed-messages") as reader:
         # the coded runs' message rows, read on the driver by pyarrow (no Spark job)
         messages = reader.submit(_message_codes, coded)
-        by_consumer = hot = None
+        by_consumer = hot = by_consumer_parts = None
         if coded:
             # its own session: the ~1 MB read splits (_split_session) for its scans only
             split = _split_session(spark)
@@ -728,9 +751,11 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
                         store_codes)
 
             hot = helper.submit(_in_pool, spark, integer_pass)
-            by_consumer = helper.submit(
-                _in_pool, spark,
-                consumer_facts(*_demand_frames(split, coded, paths)).toArrow)
+            by_consumer = reader.submit(_demand_counts, coded)
+            old_parts = _demand_parts(split, coded, paths)
+            if old_parts is not None:     # runs coded before the demand file
+                by_consumer_parts = helper.submit(_in_pool, spark,
+                                                  consumer_facts(old_parts).toArrow)
         summaries = helper.submit(
             lambda: [r.asDict() for r in job.read_summaries(spark, paths).collect()])
         dims = dimensions(events).persist(StorageLevel.MEMORY_AND_DISK)
@@ -770,17 +795,20 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
              + ("; the integer pass beside it" if coded else ""))
 
         def coded_rows() -> Iterator[tuple]:
-            # the message rows, then the integer pass's and the consumer facts' rows as
-            # they come (_assemble's sums and sets do not depend on the rows' order)
+            # the message rows and the consumer facts (on the driver), then the integer
+            # pass's rows as they come (_assemble's sums and sets do not depend on the
+            # rows' order)
             if hot is None or by_consumer is None:
                 return
             yield from _message_rows(found, coded, tree_runs)
-            hot_table, store_codes = hot.result()
-            yield from _hot_rows(hot_table, coded, store_codes)
             consumer_table = by_consumer.result()
-            step(f"pass 2 by codes ({hot_table.num_rows:,} + {consumer_table.num_rows:,} "
-                 "rows), after the string pass's, message and hot rows were counted")
             yield from _consumer_rows(consumer_table, coded)
+            hot_table, store_codes = hot.result()
+            step(f"pass 2 by codes ({hot_table.num_rows:,} + {consumer_table.num_rows:,} "
+                 "rows), after the string pass's, message and consumer rows were counted")
+            yield from _hot_rows(hot_table, coded, store_codes)
+            if by_consumer_parts is not None:
+                yield from _consumer_rows(by_consumer_parts.result(), coded)
 
         out = _assemble(spark, itertools.chain(_fact_rows(table), coded_rows()), info,
                         roles, summaries.result(), cached)
