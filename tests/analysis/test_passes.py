@@ -157,6 +157,56 @@ def test_message_rows_are_facts_rows(tmp_path):
     assert [t for t in _message_rows(found, {"r": c}, []) if t[0] == "F"] == []
 
 
+def test_rest_codes_are_pass_1s_broker_info(tmp_path):
+    """A run's rest file read by codes as pass 1 reads it: each broker's latest
+    broker.info (max_by over ts: a null ts never wins, of equal times the first row), its
+    broker.info rows counted (facts' P rows), the send pairs of message rows with a plain
+    destination; a broker.info row with a wildcard destination leaves the run's infos to
+    the string passes (pass 1 makes a pattern of it)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from treefed.analysis.passes import RunCodes, _info_facts, _info_rows, _rest_codes
+    from treefed.scenario.parquet_parts import Coder, REST_FILE, arrow_schema
+
+    def rest_of(rows):
+        names = ("event", "broker", "dst", "role", "node_type", "parent", "ts")
+        table = pa.Table.from_pylist([dict(zip(names, r)) for r in rows]).cast(
+            pa.schema([arrow_schema().field(n) for n in names]))
+        full = pa.table({n: table.column(n) if n in names else pa.nulls(len(table), f.type)
+                         for n, f in zip(arrow_schema().names, arrow_schema())})
+        coder = Coder("r")
+        rest = coder.rest(coder.encode(full))
+        pq.write_table(rest, tmp_path / REST_FILE)
+        return RunCodes(run="r", key=coder.key,
+                        brokers=sorted(coder.brokers, key=coder.brokers.__getitem__),
+                        dsts=dict(coder.dsts), consumers=[], parts=[],
+                        rest=str(tmp_path / REST_FILE))
+
+    c = rest_of([
+        ("broker.info", "a", None, "leaf", "leaf", "r1", None),     # null ts: never wins
+        ("broker.info", "a", None, "branch", "branch", "hq", 2.0),
+        ("broker.info", "a", None, "root", "root", None, 2.0),      # a tie: the first stays
+        ("broker.info", "a", None, "leaf", "leaf", "r2", 1.0),
+        ("broker.info", "b", None, "leaf", "leaf", "a", None),      # only null times
+        ("broker.info", None, None, "leaf", "leaf", None, 3.0),     # no broker: a bad line
+        ("message.produced", "a", "topic://t.*", None, None, None, 4.0),
+        ("run.started", "runner", None, None, None, None, 0.0),
+    ])
+    got = _rest_codes(c)
+    name = {k: b for k, b in enumerate(c.brokers)}
+    assert {name[b]: v[1:] for b, v in got.info.items()} == {
+        "a": ("branch", "branch", "hq"), "b": (None, None, None)}
+    assert {name[b]: n for b, n in got.counts.items()} == {"a": 4, "b": 1}
+    assert got.own_info and got.sends.num_rows == 0     # the wildcard send: pass 1's
+    assert {k: (r["role"], r["parent"]) for k, r in _info_rows({"r": c}, {"r": got}).items()} \
+        == {("r", "a"): ("branch", "hq"), ("r", "b"): (None, None)}
+    assert sorted(_info_facts({"r": c}, {"r": got})) == [
+        ("P", "r", "a", None, None, None, 0, 4), ("P", "r", "b", None, None, None, 0, 1)]
+    wild = _rest_codes(rest_of([("broker.info", "a", "topic://t.>", "leaf", "leaf", "r", 1.0)]))
+    assert not wild.own_info
+
+
 # ----------------------------------------------------------------------------- Spark
 
 @pytest.mark.spark
@@ -203,6 +253,10 @@ def _wildcard_run(root: Path) -> Path:
     for broker, role, parent in (("hq", "root", None), ("region-1", "branch", "hq"),
                                  ("store-r1-0001", "leaf", "region-1")):
         add(0.0, broker, "broker.info", role=role, node_type=role, parent=parent)
+    # a broker.info line with a wildcard destination: a pattern too (the coded copy's
+    # broker.info rows then stay with the string passes)
+    add(0.5, "region-1", "broker.info", role="branch", node_type="branch", parent="hq",
+        dst="topic://PRICES.>")
     add(1.0, "store-r1-0001", "consumer.added", consumer="store-r1-0001/c/1",
         dst="topic://PRICES.>")
     for sender, receiver in (("store-r1-0001", "region-1"), ("region-1", "hq")):

@@ -494,17 +494,23 @@ def _coded_frame(spark: SparkSession, files: list[str]) -> DataFrame:
 
 
 def _read(spark: SparkSession, paths: list[str], coded: dict[str, RunCodes],
-          json_only: frozenset[str]) -> DataFrame:
+          json_only: frozenset[str], skip_info: list[int] | None = None) -> DataFrame:
     """The rows read by their strings: job.read_events' rows of the runs without codes
-    and the coded runs' REST_FILE rows (with null / their code columns)."""
+    and the coded runs' REST_FILE rows (with null / their code columns), but the
+    broker.info rows (with a broker) of the runs whose keys ``skip_info`` lists (the
+    driver reads those: ``_RestCodes``)."""
     frames = []
     rest = [p for p in paths if p not in coded]
     if rest:
         frames.append(job.read_events(spark, rest, json_only=json_only).select(
             *job.USED_COLUMNS, *(F.lit(None).cast(t).alias(c) for c, t in _CODE_TYPES.items())))
     if coded:
-        frames.append(_coded_frame(spark, [coded[p].rest for p in paths if p in coded])
-                      .select(*job.USED_COLUMNS, *_CODE_TYPES))
+        frame = _coded_frame(spark, [coded[p].rest for p in paths if p in coded])
+        if skip_info:
+            frame = frame.where(~(_event_in(("broker.info",))
+                                  & F.col("broker_code").isNotNull()
+                                  & F.col("run_key").isin(*skip_info)))
+        frames.append(frame.select(*job.USED_COLUMNS, *_CODE_TYPES))
     strings = frames[0]
     for more in frames[1:]:
         strings = strings.unionByName(more)
@@ -643,8 +649,52 @@ def _demand_counts(coded: dict[str, RunCodes]) -> pa.Table:
                      "count": counted.column("run_key_count")})
 
 
+@dataclass
+class _RestCodes:
+    """What the driver takes of a coded run's REST_FILE by its codes (pyarrow): the send
+    rows' (broker, dst) pairs, each broker's latest broker.info (pass 1's max_by over ts:
+    a null ts never wins, of equal times the first read) and its broker.info row count.
+    ``own_info``: no broker.info row has a wildcard destination (pass 1 would make a
+    pattern of it), so the string passes can leave the run's broker.info rows to the
+    driver: its ``info`` rows and a code-0 P row per broker, as facts counts them."""
+
+    sends: pa.Table                     # (broker_code, dst_code)
+    info: dict[int, tuple]              # broker_code -> (ts, role, node_type, parent)
+    counts: dict[int, int]              # broker_code -> broker.info rows
+    own_info: bool
+
+
+def _rest_codes(c: RunCodes) -> _RestCodes:
+    import pyarrow.compute as pc
+
+    from treefed.scenario.parquet_parts import EVENT_CODES
+
+    rest = pq.read_table(c.rest, columns=["event_code", "broker_code", "dst_code", "role",
+                                           "node_type", "parent", "ts"])
+    event = pc.shift_right(rest.column("event_code"), 1)
+    sending = pa.array([EVENT_CODES.index(e) for e in _INTEREST_EVENTS], pa.int32())
+    sent = rest.filter(pc.and_(pc.and_(pc.is_in(event, sending),
+                                       pc.is_valid(rest.column("broker_code"))),
+                               pc.greater_equal(rest.column("dst_code"), 0)))
+    infos = rest.filter(pc.and_(pc.equal(event, EVENT_CODES.index("broker.info")),
+                                pc.is_valid(rest.column("broker_code"))))
+    latest: dict[int, tuple] = {}
+    counts: dict[int, int] = defaultdict(int)
+    for b, ts, role, node_type, parent in zip(*(infos.column(n).to_pylist() for n in (
+            "broker_code", "ts", "role", "node_type", "parent"))):
+        counts[b] += 1
+        if b not in latest:
+            latest[b] = (ts, role, node_type, parent) if ts is not None else \
+                (None, None, None, None)
+        elif ts is not None and (latest[b][0] is None or ts > latest[b][0]):
+            latest[b] = (ts, role, node_type, parent)
+    own = pc.sum(pc.less(infos.column("dst_code"), 0)).as_py() in (None, 0)
+    return _RestCodes(sends=sent.select(["broker_code", "dst_code"]), info=latest,
+                      counts=dict(counts), own_info=own)
+
+
 def _code_tables(spark: SparkSession, coded: dict[str, RunCodes],
-                 messages: dict[str, _RunMessages]
+                 rests: dict[str, _RestCodes], messages: dict[str, _RunMessages]
                  ) -> tuple[DataFrame, DataFrame, set[tuple[int, int]]]:
     """hot_facts' interest and stores tables for the coded runs from their codes alone
     (so the integer pass need not wait for pass 1), and the stores as a set of
@@ -652,37 +702,19 @@ def _code_tables(spark: SparkSession, coded: dict[str, RunCodes],
     broker produced or forwarded to (pass 1's ``send`` rows): a run's MESSAGE_FILE pairs
     and its rest file's message rows (all of them in runs coded with an older hot list;
     only those with a wildcard destination otherwise, which no hot row has).  Stores
-    (job._store): a broker whose latest broker.info (rest file: max_by role, ts, as
+    (job._store): a broker whose latest broker.info (``_rest_codes``: max_by role, ts, as
     pass 1) names it a leaf, or a ``store-`` site by its id."""
-    import pyarrow.compute as pc
-
-    from treefed.scenario.parquet_parts import EVENT_CODES
-
-    sending = pa.array([EVENT_CODES.index(e) for e in _INTEREST_EVENTS], pa.int32())
     names = ["run_key", "broker_code", "dst_code"]
     tables = []
     stores: set[tuple[int, int]] = set()
     for c in coded.values():
-        rest = pq.read_table(c.rest, columns=["event_code", "broker_code", "dst_code",
-                                               "role", "ts"])
-        event = pc.shift_right(rest.column("event_code"), 1)
-        sent = rest.filter(pc.and_(pc.and_(pc.is_in(event, sending),
-                                           pc.is_valid(rest.column("broker_code"))),
-                                   pc.greater_equal(rest.column("dst_code"), 0)))
+        rest = rests[c.run]
         found = messages.get(c.run)
-        for pairs in [sent] + ([found.sends] if found is not None else []):
+        for pairs in [rest.sends] + ([found.sends] if found is not None else []):
             tables.append(pa.Table.from_arrays(
                 [pa.array([c.key] * pairs.num_rows, pa.int64()),
                  pairs.column("broker_code"), pairs.column("dst_code")], names))
-        info = rest.filter(pc.and_(pc.equal(event, EVENT_CODES.index("broker.info")),
-                                   pc.is_valid(rest.column("broker_code"))))
-        latest: dict[int, tuple[float, str | None]] = {}
-        for b, role, ts in zip(*(info.column(n).to_pylist()
-                                 for n in ("broker_code", "role", "ts"))):
-            # max_by: a null ts never wins; of equal times the first read
-            if ts is not None and (b not in latest or ts > latest[b][0]):
-                latest[b] = (ts, role)
-        stores.update((c.key, b) for b, (_, role) in latest.items() if role == "leaf")
+        stores.update((c.key, b) for b, (_, role, _, _) in rest.info.items() if role == "leaf")
         stores.update((c.key, k) for k, name in enumerate(c.brokers)
                       if site_tier(name) == "store")
     interest = (pa.concat_tables(tables).group_by(names).aggregate([]) if tables
@@ -695,6 +727,24 @@ def _code_tables(spark: SparkSession, coded: dict[str, RunCodes],
     return (spark.createDataFrame(interest.select(names),
                                   "run_key long, broker_code int, dst_code int"),
             spark.createDataFrame(store_table, "run_key long, code int"), stores)
+
+
+def _info_rows(coded: dict[str, RunCodes], rests: dict[str, _RestCodes]) -> dict:
+    """pass 1's ``info`` rows (roles) of the runs whose broker.info rows the driver read
+    (``_RestCodes.own_info``), keyed by (run, broker) as compute_passes' ``roles``."""
+    return {(c.run, c.brokers[b]): {"kind": "info", "run": c.run, "broker": c.brokers[b],
+                                    "dst": None, "role": role, "node_type": node_type,
+                                    "parent": parent}
+            for c in coded.values() if rests[c.run].own_info
+            for b, (_, role, node_type, parent) in rests[c.run].info.items()}
+
+
+def _info_facts(coded: dict[str, RunCodes], rests: dict[str, _RestCodes]) -> Iterator[tuple]:
+    """facts' P rows of those broker.info rows: a line each, code 0, at its broker."""
+    for c in coded.values():
+        if rests[c.run].own_info:
+            for b, n in rests[c.run].counts.items():
+                yield ("P", c.run, c.brokers[b], None, None, None, 0, n)
 
 
 def _coded(paths: list[str], json_only: frozenset[str]) -> dict[str, RunCodes]:
@@ -717,7 +767,12 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
     alone leaves a task slot idle through its serial parts (planning, code generation, a
     last long task, the collect and its conversion)."""
     coded = _coded(paths, json_only)
-    parsed = _read(spark, paths, coded, json_only)
+    # the coded runs' rest files by their codes (driver, pyarrow: make run's 46,893 rows):
+    # hot_facts' interest and stores, and the broker.info rows the string passes then
+    # leave to the driver (98 % of those files' rows)
+    rests = {c.run: _rest_codes(c) for c in coded.values()}
+    own_info = [c for c in coded.values() if rests[c.run].own_info]
+    parsed = _read(spark, paths, coded, json_only, [c.key for c in own_info])
     cached: list[DataFrame] = []
     if any(p not in coded and (p in json_only or job.parquet_parts(p) is None)
            for p in paths):
@@ -745,7 +800,7 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
             # the start, beside pass 1 (mostly the JVM's warm-up: planning and generating
             # code on one thread)
             def integer_pass() -> tuple:
-                code_interest, stores, store_codes = _code_tables(split, coded,
+                code_interest, stores, store_codes = _code_tables(split, coded, rests,
                                                                   messages.result())
                 return (hot_facts(every, code_interest, stores, _narrow(coded)).toArrow(),
                         store_codes)
@@ -767,6 +822,8 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
              "facts and summaries beside it)")
         info = {r["run"]: r for r in dim_rows if r["kind"] == "start"}
         roles = {(r["run"], r["broker"]): r for r in dim_rows if r["kind"] == "info"}
+        driver_roles = _info_rows(coded, rests)
+        roles.update(driver_roles)
         tree_runs = sorted(run for run, r in info.items()
                            if r["mode"] is not None and r["mode"].lower().startswith("tree"))
         found = messages.result()
@@ -786,11 +843,20 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
             interest = interest.unionByName(
                 spark.createDataFrame(extra, "run string, broker string, dst string"))
         role_frame = dims.where(F.col("kind") == "info").select("run", "broker", "role")
+        # the string pass joins roles only for rows with a wildcard destination: the
+        # driver's of the runs with one
+        wanted = [(r["run"], r["broker"], r["role"]) for r in driver_roles.values()
+                  if r["run"] in with_patterns]
+        if wanted:
+            role_frame = role_frame.unionByName(
+                spark.createDataFrame(wanted, "run string, broker string, role string"))
 
         table = facts(parsed, interest, role_frame, tree_runs).toArrow()
         uncoded = sum(p not in coded for p in paths)
-        step(f"pass 2 by strings ({table.num_rows:,} fact rows from "
-             f"{sum(c.rest_rows for c in coded.values()):,} coded rest rows"
+        strings = sum(c.rest_rows for c in coded.values()) - sum(
+            sum(rests[c.run].counts.values()) for c in own_info)
+        step(f"pass 2 by strings ({table.num_rows:,} fact rows from {strings:,} coded "
+             "rest rows"
              + (f" and {uncoded} runs without codes" if uncoded else "") + ")"
              + ("; the integer pass beside it" if coded else ""))
 
@@ -800,6 +866,7 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
             # rows' order)
             if hot is None or by_consumer is None:
                 return
+            yield from _info_facts(coded, rests)
             yield from _message_rows(found, coded, tree_runs)
             consumer_table = by_consumer.result()
             yield from _consumer_rows(consumer_table, coded)
