@@ -44,16 +44,21 @@ results on the driver:
    ``variants.frames_text``) over one local frame of one row per run.
 
 Runs with integer codes (scenario/parquet_parts.py: ``event_code``, ``broker_code``,
-``origin_code``, ``dst_code``, ``run_key`` columns, the dictionaries in the codes file,
-the rows of events other than HOT_EVENTS copied to the rest file, the hot
-demand.created rows' integers to the demand file): both passes above read only the rest
-file's rows (a Parquet reader decodes every selected column of every row, so the
-strings of the ~97 % that are hot are never read), and ``hot_facts`` /
-``consumer_facts`` count the hot rows by integers alone -- the same P, S, T, L, A and C
-sums, joined with the interest and store sets as (run_key, code) pairs -- mapped back
-to broker ids on the driver (``_hot_rows``, ``_consumer_rows``).  A run without codes,
-or whose codes do not check (``run_codes``), is read by its strings; a run coded with
-an older hot list (OLD_HOT_EVENTS) or without a demand file is read by what it has.
+``origin_code``, ``dst_code``, ``run_key``, ``consumer_code``, ``msg_code``,
+``peer_code`` columns, the dictionaries in the codes file, the rows of events other than
+HOT_EVENTS copied to the rest file, the hot demand.created rows' integers to the demand
+file, the hot message rows' integers to the message file): the string passes above read
+only the rest files' rows (a Parquet reader decodes every selected column of every row,
+so the strings of the ~99.7 % that are hot are never read), and of those not the
+broker.info rows, which the driver reads by their codes (``_rest_codes``: pass 1's
+roles and their P rows).  ``hot_facts`` counts the hot rows by integers alone -- the same
+P, S, T, L and A sums, joined with the interest and store sets as (run_key, code) pairs
+taken from the codes (``_code_tables``), so it starts at once, beside pass 1 -- mapped
+back to broker ids on the driver (``_hot_rows``); the demand and message files are read
+on the driver by pyarrow (``_demand_counts``: C sums; ``_run_messages``: the send pairs,
+M rows with facts' copy key, F rows of tree runs).  A run without codes, or whose codes
+do not check (``run_codes``), is read by its strings; a run coded with an older hot list
+(S8_HOT_EVENTS, OLD_HOT_EVENTS) or without a demand file is read by what it has.
 
 ``percentile_approx`` is reproduced by ``spark_percentile``: Spark's Greenwald-Khanna
 summary (accuracy 10,000) over one partial aggregate -- exact below 5,000 consumers per
@@ -760,10 +765,10 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
                    json_only: frozenset[str] = frozenset()) -> PassTables:
     """The runs, per-role and brokers tables of job.compute, in two scans.
 
-    What does not depend on another step runs beside it, from a helper thread (PySpark
+    What does not depend on another step runs beside it, from helper threads (PySpark
     pins each Python thread to its own JVM thread; Spark schedules the jobs side by
-    side): the summaries while pass 1 runs, the integer pass while the string pass runs
-    and while the driver's Python counts the string pass's rows.  On 2 cores one pass
+    side): the integer pass (which needs nothing of pass 1), then the summaries, from
+    the start; the demand and message files' pyarrow reads on the driver meanwhile.  On 2 cores one pass
     alone leaves a task slot idle through its serial parts (planning, code generation, a
     last long task, the collect and its conversion)."""
     coded = _coded(paths, json_only)
