@@ -387,10 +387,11 @@ def _interest(rows: list, sends: dict[str, set[tuple[str, str]]] | None = None
 
 # ----------------------------------------------------------------------------- coded rows
 
-# parquet_parts.HOT_EVENTS: the events whose rows the integer path counts (~96 % of make
+# parquet_parts.HOT_EVENTS: the events whose rows the integer path counts (99.7 % of make
 # run's rows): P counts, advisory.sent's S, demand.created's and demand.removed's T,
-# demand.created's C, link events' L, consumer.added's A.  (OLD_HOT_EVENTS in runs
-# written before the last six were hot.)
+# demand.created's C (demand file), link events' L, consumer.added's A, the messages' M
+# and F and send pairs (message file).  (S8_HOT_EVENTS / OLD_HOT_EVENTS in runs written
+# before the messages / the link, consumer and stranded events were hot.)
 #: The events pass 1 reads (besides wildcard destinations).
 _DIM_EVENTS = ("broker.info", "run.started") + _INTEREST_EVENTS
 _CODE_TYPES = {"event_code": T.IntegerType(), "broker_code": T.IntegerType(),

@@ -111,8 +111,8 @@ OLD_HOT_EVENTS: tuple[str, ...] = HOT_EVENTS[:4]
 REST_FILE = "events.rest.parquet"
 
 #: The hot demand.created rows' DEMAND_COLUMNS again, in a file of their own: the job's
-#: per-consumer sums (passes.consumer_facts) read them there (5 % of make run's rows)
-#: instead of scanning every row of the parts for them.  The codes file lists it
+#: per-consumer sums (passes._demand_counts, on the driver) read them there (5 % of make
+#: run's rows) instead of scanning every row of the parts for them.  The codes file lists it
 #: (``demand``: file, rows); a run without it is read from its parts as before.
 DEMAND_FILE = "events.demand.parquet"
 DEMAND_COLUMNS: tuple[str, ...] = ("run_key", "consumer_code", "ts")
