@@ -14,19 +14,36 @@ the sum is the memory the tree holds.  A plain sum of resident set sizes counts 
 pages once per process -- a JVM that forks a helper before exec appears twice -- so it
 overstates; it is given beside (``peak_rss_sum_mib``, at the same sample) for comparison.
 ``peak_processes`` is the tree at the peak sample (PSS), largest first: where the memory
-is.  CMD's own output goes through unchanged.  Used for issue 13's "make run <= 2 GiB".
+is.  A child that shares its parent's address space (``clone(CLONE_VM)``: a JVM spawns
+its helpers that way, and until the helper's ``exec`` the child *is* the JVM's memory,
+named after the spawning thread, e.g. "Thread-17") is left out: its PSS is its parent's
+again (``kcmp(KCMP_VM)`` tells; where the kernel refuses it, nothing is left out).  CMD's own output goes through unchanged.  Used for issue 13's "make run <= 2 GiB".
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import platform
 import subprocess
 import sys
 import threading
 import time
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+#: kcmp(2)'s syscall number by machine, and its "same address space" comparison
+_SYS_KCMP = {"x86_64": 312, "aarch64": 272}.get(platform.machine())
+_KCMP_VM = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def same_memory(pid: int, other: int) -> bool:
+    """Whether two processes share one address space (kcmp(2) KCMP_VM); False when the
+    kernel cannot say (no syscall number for this machine, a process gone, EPERM)."""
+    if _SYS_KCMP is None:
+        return False
+    return _libc.syscall(_SYS_KCMP, pid, other, _KCMP_VM, 0, 0) == 0
 
 
 def pss(pid: int) -> int | None:
@@ -57,10 +74,12 @@ def tree(root: int) -> list[tuple[int, str, int, int]]:
         pid = int(entry)
         names[pid] = stat[stat.index(b"(") + 1:close].decode(errors="replace")
         children.setdefault(int(stat[close + 2:].split()[1]), []).append(pid)
-    out, todo = [], [root]
+    out, todo = [], [(root, None)]
     while todo:
-        pid = todo.pop()
-        todo += children.get(pid, [])
+        pid, parent = todo.pop()
+        todo += [(child, pid) for child in children.get(pid, [])]
+        if parent is not None and same_memory(parent, pid):
+            continue     # its parent's memory, counted with the parent
         try:
             with open(f"/proc/{pid}/statm") as fh:
                 rss = int(fh.read().split()[1]) * PAGE

@@ -33,3 +33,32 @@ def test_shared_pages_of_a_fork_count_once() -> None:
     assert 150 < line["peak_mib"] < 240, line
     assert line["peak_rss_sum_mib"] > 300, line
     assert sum(mib for _, _, mib in line["peak_processes"]) <= line["peak_mib"] + 1
+
+
+# 160 MiB touched, then a child in the same address space (clone(CLONE_VM), as a JVM
+# spawns its helpers before their exec) that sleeps 1.5 s in C: one memory, two processes
+_CLONER = """
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+block = bytearray(160 * 2**20)
+for i in range(0, len(block), 4096):
+    block[i] = 1
+stack = ctypes.create_string_buffer(1 << 16)
+top = ctypes.c_void_p(ctypes.addressof(stack) + len(stack) - 64)
+CLONE_VM, SIGCHLD = 0x100, 17
+libc.clone.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+pid = libc.clone(ctypes.cast(libc.usleep, ctypes.c_void_p), top, CLONE_VM | SIGCHLD,
+                 ctypes.c_void_p(1_500_000))
+assert pid > 0, ctypes.get_errno()
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_child_in_its_parents_address_space_counts_once() -> None:
+    done = subprocess.run([sys.executable, str(BENCH), "--every", "0.1", "--",
+                           sys.executable, "-c", _CLONER],
+                          capture_output=True, text=True, timeout=60, check=True)
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert line["rc"] == 0
+    assert 150 < line["peak_mib"] < 240, line
+    assert len(line["peak_processes"]) == 1, line
