@@ -809,8 +809,8 @@ def _session(args: argparse.Namespace) -> tuple[SparkSession, bool]:
         # The JIT's C1 tier only: with C2 the compiler threads took 39-47 of the job's
         # ~91 JVM CPU seconds on make run's 15.9 M rows (each Spark job's generated code
         # is compiled anew, and run too briefly to repay C2); with C1 alone 52 s in all.
-        # The collector: JIT_OPTIONS.
-        builder = builder.config("spark.driver.extraJavaOptions", JIT_OPTIONS)
+        # The collector: JIT_OPTIONS.  The class archive: cds.py.
+        builder = builder.config("spark.driver.extraJavaOptions", driver_java_options())
         # Jobs from two threads share the task slots (passes.compute_passes runs the
         # integer pass beside the string pass): under FIFO the first job's 44 tasks took
         # both slots and the other waited.
@@ -850,6 +850,14 @@ CODES_POOL = "treefed-codes"
 #: 768 MB heap; the parallel collector ~1.5-1.9 s (job 37.8-39.8 s; Serial: 41.5 s).
 #: The job's objects are short-lived batches: throughput, not pause times, matters.
 JIT_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:-DontCompileHugeMethods -XX:+UseParallelGC"
+
+
+def driver_java_options() -> str:
+    """A local driver JVM's options: JIT_OPTIONS, and class-data sharing when this JDK
+    and pyspark have an archive (cds.py; ``python -m treefed.analysis.cds`` builds it)."""
+    from treefed.analysis import cds
+
+    return " ".join(filter(None, (JIT_OPTIONS, cds.java_options())))
 
 
 def _jvm_cpu_s(spark: SparkSession) -> float | None:
