@@ -19,9 +19,10 @@ so another JDK or pyspark finds no archive rather than a foreign one.
 ``java_options()`` is what job._session gives a local driver JVM: the archive of this
 JDK and pyspark when it exists, starts with the dynamic archive's magic number and has
 the length it was written with (``<key>.jsa.bytes``: a truncated archive crashes the
-JVM instead of being ignored), else nothing.  The JVM checks the rest itself (its version, the class path, the jars'
-sizes and times) and runs without an archive that does not match: never an error.  Its
-``cds`` log messages are switched off, so a stale archive prints nothing.
+JVM instead of being ignored), else nothing.  The JVM checks the rest itself (its
+version, the class path, the jars' sizes and times) and runs without an archive that
+does not match: never an error.  Its ``cds`` log messages are switched off, so a stale
+archive prints nothing.
 
 ``TREEFED_SPARK_CDS`` names the directory the archives live in (default: in the virtual
 environment, ``<venv>/treefed-cds``, else ``~/.cache/treefed/cds``); ``off`` disables
