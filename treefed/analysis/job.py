@@ -646,11 +646,18 @@ def runs_table(info: DataFrame, summaries: DataFrame, lines: DataFrame,
     return finish_runs(joined)
 
 
-def finish_runs(joined: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
+#: The runs table's order (finish_runs; passes._runs_rows sorts its few rows the same way
+#: on the driver): ascending, nulls first.
+RUNS_ORDER = ("scenario", "brokers", "ttl is not null", "ttl", "mode", "run")
+
+
+def finish_runs(joined: DataFrame, extra: tuple[str, ...] = (), *,
+                ordered: bool = True) -> DataFrame:
     """The runs table from one frame per run holding run.started's facts, ``s_``-prefixed
     summary.json fields and the log's metrics (``runs_table``'s join, or passes.py's
     frame built on the driver): coalesced facts, zeros for absent counts, the accounting
-    columns; ``extra`` columns are carried at the end."""
+    columns; ``extra`` columns are carried at the end.  In RUNS_ORDER unless not
+    ``ordered`` (a Spark sort is a sampling job and a shuffle)."""
     joined = (joined
               .withColumn("scenario", F.coalesce("scenario", "s_scenario", "run"))
               .withColumn("mode", F.coalesce("mode", "s_mode", F.lit("unknown")))
@@ -667,7 +674,7 @@ def finish_runs(joined: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
     reasons = F.array_join(F.transform(
         F.array_sort(F.map_entries("s_dropped_by_reason")),
         lambda e: F.concat_ws(" ", e["key"], e["value"].cast("string"))), ", ")
-    return (joined.select(
+    table = (joined.select(
                 "run", "scenario", "mode", _ttl(joined),
                 "engine", "brokers", "links", "regions", "stores_per_region", "depth",
                 "consumers", "advisory_frames", "advisory_receipts", "spilled_advisories",
@@ -687,8 +694,10 @@ def finish_runs(joined: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
                 F.col("s_events").alias("summary_lines"), "finished",
                 F.lit(None).cast("string").alias("problems"),
                 "sibling_spill", "downward_spill", "fault_events", "recovery_max_s",
-                "recovery", *extra)
-            .orderBy("scenario", "brokers", F.col("ttl").isNotNull(), "ttl", "mode", "run"))
+                "recovery", *extra))
+    if not ordered:
+        return table
+    return table.orderBy("scenario", "brokers", F.col("ttl").isNotNull(), "ttl", "mode", "run")
 
 
 # ----------------------------------------------------------------------------- driver
