@@ -193,7 +193,12 @@ def _wait_for_jvm(timeout: float) -> None:
         raise RuntimeError("the JVM was not started by this process")
     if proc.stdin is not None:
         proc.stdin.close()
-    proc.wait(timeout=timeout)
+    try:
+        proc.wait(timeout=timeout)
+    except BaseException:      # a dump that does not end is not left running
+        proc.kill()
+        proc.wait()
+        raise
 
 
 def build(target: Path, *, timeout: float = 600.0) -> Path:
