@@ -44,3 +44,28 @@ def test_both_percentiles_from_one_summary() -> None:
     assert passes.spark_percentiles([], (0.5, 0.99)) == [None, None]
     ranked = [float(v) for v in range(1, 101)]
     assert passes.spark_percentiles(ranked, (0.5, 0.99)) == [50.0, 99.0]
+
+
+def test_local_tables_are_written_as_spark_lays_them_out(tmp_path) -> None:
+    """The collected tables written by pyarrow: NAME.parquet/ with one part and _SUCCESS,
+    Spark's types, an earlier table replaced (Spark's overwrite)."""
+    import pyarrow.parquet as pq
+    from pyspark.sql import types as T
+
+    schema = T.StructType([T.StructField("run", T.StringType(), False),
+                           T.StructField("n", T.LongType()),
+                           T.StructField("share", T.DoubleType()),
+                           T.StructField("tier", T.IntegerType())])
+    rows = [{"run": "a", "n": 3, "share": 0.5, "tier": 1, "extra": "left out"},
+            {"run": "b", "n": None, "share": None, "tier": None}]
+    stale = tmp_path / "runs.parquet"
+    stale.mkdir()
+    (stale / "part-00000-old.snappy.parquet").write_bytes(b"old")
+    job._write_local_tables(str(tmp_path), {"runs": job._arrow_table(rows, schema)})
+    files = sorted(p.name for p in stale.iterdir())
+    assert files[0] == "_SUCCESS" and len(files) == 2
+    assert files[1].startswith("part-00000-") and files[1].endswith("-c000.snappy.parquet")
+    table = pq.read_table(stale / files[1])
+    assert [str(t) for t in table.schema.types] == ["string", "int64", "double", "int32"]
+    assert table.to_pylist() == [{"run": "a", "n": 3, "share": 0.5, "tier": 1},
+                                 {"run": "b", "n": None, "share": None, "tier": None}]

@@ -374,6 +374,7 @@ class PassTables:
     per_role: list[dict]        # ROLE_COLUMNS, in order
     brokers: DataFrame          # BROKER_COLUMNS (built from driver rows)
     cached: tuple[DataFrame, ...]
+    brokers_table: pa.Table | None = None    # the same rows as Arrow (job.main's local writes)
 
     def release(self) -> None:
         for frame in self.cached:
@@ -1056,11 +1057,11 @@ def _assemble(spark: SparkSession, rows: Iterable[tuple], info: dict, roles: dic
                    pa.array([broker for _, broker in keys], pa.string())]
         columns += [pa.array([m[c] for m in metrics], pa.int64())
                     for c in BROKER_COLUMNS[2:]]
-        broker_frame = spark.createDataFrame(
-            pa.Table.from_arrays(columns, names=list(BROKER_COLUMNS)), BROKER_SCHEMA)
+        broker_table = pa.Table.from_arrays(columns, names=list(BROKER_COLUMNS))
+        broker_frame = spark.createDataFrame(broker_table, BROKER_SCHEMA)
         runs, runs_schema = runs_done.result()
     return PassTables(runs=runs, runs_schema=runs_schema, per_role=role_rows,
-                      brokers=broker_frame, cached=tuple(cached))
+                      brokers=broker_frame, cached=tuple(cached), brokers_table=broker_table)
 
 
 _REC = T.ArrayType(T.StructType([T.StructField("fault_ts", T.DoubleType()),
