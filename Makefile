@@ -17,7 +17,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+# First the Spark driver's class archive (treefed/analysis/cds.py: once per JDK and
+# pyspark, from a small report; never fails): the report's cold JVM maps the classes.
 run: $(STAMP)
+	$(BIN)/python -m treefed.analysis.cds
 	$(BIN)/treefed compare
 
 # Headless Chromium (a Debian package) renders the report page in

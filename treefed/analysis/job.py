@@ -646,11 +646,18 @@ def runs_table(info: DataFrame, summaries: DataFrame, lines: DataFrame,
     return finish_runs(joined)
 
 
-def finish_runs(joined: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
+#: The runs table's order (finish_runs; passes._runs_rows sorts its few rows the same way
+#: on the driver): ascending, nulls first.
+RUNS_ORDER = ("scenario", "brokers", "ttl is not null", "ttl", "mode", "run")
+
+
+def finish_runs(joined: DataFrame, extra: tuple[str, ...] = (), *,
+                ordered: bool = True) -> DataFrame:
     """The runs table from one frame per run holding run.started's facts, ``s_``-prefixed
     summary.json fields and the log's metrics (``runs_table``'s join, or passes.py's
     frame built on the driver): coalesced facts, zeros for absent counts, the accounting
-    columns; ``extra`` columns are carried at the end."""
+    columns; ``extra`` columns are carried at the end.  In RUNS_ORDER unless not
+    ``ordered`` (a Spark sort is a sampling job and a shuffle)."""
     joined = (joined
               .withColumn("scenario", F.coalesce("scenario", "s_scenario", "run"))
               .withColumn("mode", F.coalesce("mode", "s_mode", F.lit("unknown")))
@@ -667,7 +674,7 @@ def finish_runs(joined: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
     reasons = F.array_join(F.transform(
         F.array_sort(F.map_entries("s_dropped_by_reason")),
         lambda e: F.concat_ws(" ", e["key"], e["value"].cast("string"))), ", ")
-    return (joined.select(
+    table = (joined.select(
                 "run", "scenario", "mode", _ttl(joined),
                 "engine", "brokers", "links", "regions", "stores_per_region", "depth",
                 "consumers", "advisory_frames", "advisory_receipts", "spilled_advisories",
@@ -687,8 +694,10 @@ def finish_runs(joined: DataFrame, extra: tuple[str, ...] = ()) -> DataFrame:
                 F.col("s_events").alias("summary_lines"), "finished",
                 F.lit(None).cast("string").alias("problems"),
                 "sibling_spill", "downward_spill", "fault_events", "recovery_max_s",
-                "recovery", *extra)
-            .orderBy("scenario", "brokers", F.col("ttl").isNotNull(), "ttl", "mode", "run"))
+                "recovery", *extra))
+    if not ordered:
+        return table
+    return table.orderBy("scenario", "brokers", F.col("ttl").isNotNull(), "ttl", "mode", "run")
 
 
 # ----------------------------------------------------------------------------- driver
@@ -781,6 +790,36 @@ def compute(spark: SparkSession, paths: list[str], *,
                   cached=(parsed, interested, brokers))
 
 
+def _arrow_table(rows: list[dict], schema: T.StructType):
+    """Collected rows as an Arrow table of ``schema``'s types (every field nullable)."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    arrow = to_arrow_schema(schema)
+    arrow = pa.schema([f.with_nullable(True) for f in arrow])
+    return pa.Table.from_pylist([{f.name: r[f.name] for f in schema.fields} for r in rows],
+                                schema=arrow)
+
+
+def _write_local_tables(tables_dir: str, tables: dict) -> None:
+    """Arrow tables written as Spark's ``coalesce(1).write.mode("overwrite").parquet``
+    lays them out in a local directory: ``NAME.parquet/`` holding one snappy part and
+    ``_SUCCESS``, any earlier one replaced."""
+    import shutil
+    import uuid
+
+    import pyarrow.parquet as pq
+
+    for name, table in tables.items():
+        where = Path(tables_dir) / f"{name}.parquet"
+        if where.is_dir():
+            shutil.rmtree(where)
+        where.mkdir(parents=True)
+        pq.write_table(table, where / f"part-00000-{uuid.uuid4()}-c000.snappy.parquet",
+                       compression="snappy")
+        (where / "_SUCCESS").touch()
+
+
 def _write_csv(path: Path, columns: tuple[str, ...], rows: list[dict]) -> None:
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
@@ -809,8 +848,8 @@ def _session(args: argparse.Namespace) -> tuple[SparkSession, bool]:
         # The JIT's C1 tier only: with C2 the compiler threads took 39-47 of the job's
         # ~91 JVM CPU seconds on make run's 15.9 M rows (each Spark job's generated code
         # is compiled anew, and run too briefly to repay C2); with C1 alone 52 s in all.
-        # The collector: JIT_OPTIONS.
-        builder = builder.config("spark.driver.extraJavaOptions", JIT_OPTIONS)
+        # The collector: JIT_OPTIONS.  The class archive: cds.py.
+        builder = builder.config("spark.driver.extraJavaOptions", driver_java_options())
         # Jobs from two threads share the task slots (passes.compute_passes runs the
         # integer pass beside the string pass): under FIFO the first job's 44 tasks took
         # both slots and the other waited.
@@ -850,6 +889,14 @@ CODES_POOL = "treefed-codes"
 #: 768 MB heap; the parallel collector ~1.5-1.9 s (job 37.8-39.8 s; Serial: 41.5 s).
 #: The job's objects are short-lived batches: throughput, not pause times, matters.
 JIT_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:-DontCompileHugeMethods -XX:+UseParallelGC"
+
+
+def driver_java_options() -> str:
+    """A local driver JVM's options: JIT_OPTIONS, and class-data sharing when this JDK
+    and pyspark have an archive (cds.py; ``python -m treefed.analysis.cds`` builds it)."""
+    from treefed.analysis import cds
+
+    return " ".join(filter(None, (JIT_OPTIONS, cds.java_options())))
 
 
 def _jvm_cpu_s(spark: SparkSession) -> float | None:
@@ -966,20 +1013,32 @@ def main(argv: list[str] | None = None) -> int:
             tables.release()
             _refuse(verdict)
             return 2
-        # The two small tables are written from what was collected, not recomputed; the
-        # three writes (a one-task Spark job each) at once, from threads.
-        frames = (
-            ("runs", spark.createDataFrame([tuple(r[f.name] for f in runs_schema.fields)
-                                            for r in runs], runs_schema)),
-            ("per_role", spark.createDataFrame(
-                [tuple(r[f.name] for f in roles_schema.fields) for r in role_rows],
-                roles_schema)),
-            ("brokers", tables.brokers))
-        with ThreadPoolExecutor(len(frames), thread_name_prefix="treefed-write") as pool:
-            for done in [pool.submit(frame.coalesce(1).write.mode("overwrite").parquet,
-                                     f"{tables_dir}/{name}.parquet")
-                         for name, frame in frames]:
-                done.result()
+        brokers_table = getattr(tables, "brokers_table", None)
+        if brokers_table is not None and not _has_scheme(tables_dir):
+            # all three on the driver already: written by pyarrow, no Spark job (three
+            # one-task write jobs and their planning were ~1 s of the job's serial tail)
+            _write_local_tables(tables_dir, {
+                "runs": _arrow_table(runs, runs_schema),
+                "per_role": _arrow_table(role_rows, roles_schema),
+                "brokers": brokers_table})
+            frames = ()
+        else:
+            # The two small tables are written from what was collected, not recomputed;
+            # the three writes (a one-task Spark job each) at once, from threads.
+            frames = (
+                ("runs", spark.createDataFrame(
+                    [tuple(r[f.name] for f in runs_schema.fields) for r in runs],
+                    runs_schema)),
+                ("per_role", spark.createDataFrame(
+                    [tuple(r[f.name] for f in roles_schema.fields) for r in role_rows],
+                    roles_schema)),
+                ("brokers", tables.brokers))
+        if frames:
+            with ThreadPoolExecutor(len(frames), thread_name_prefix="treefed-write") as pool:
+                for done in [pool.submit(frame.coalesce(1).write.mode("overwrite").parquet,
+                                         f"{tables_dir}/{name}.parquet")
+                             for name, frame in frames]:
+                    done.result()
         tables.release()
         job_s = time.perf_counter() - job_started
         roles = [dict(r) for r in role_rows]

@@ -267,8 +267,19 @@ def spark_percentile(values: list[float], quantile: float) -> float | None:
     values aggregated in one partial aggregate: the Greenwald-Khanna summary built from the
     sorted values in batches of 50,000, compressed, then queried.  Exact rank pick
     (``ceil(q n)``) below 5,000 values."""
+    return spark_percentiles(values, (quantile,))[0]
+
+
+def spark_percentiles(values: list[float], quantiles: tuple[float, ...]) -> list[float | None]:
+    """``spark_percentile`` of the same values at each quantile: the summary, which does
+    not depend on the quantile, built once."""
     if not values:
-        return None
+        return [None] * len(quantiles)
+    samples, count = _gk_summary(values)
+    return [_gk_query(samples, count, q) for q in quantiles]
+
+
+def _gk_summary(values: list[float]) -> tuple[list[list], int]:
     eps = _RELATIVE_ERROR
     head = 50000
     samples: list[list] = []     # [value, g, delta]
@@ -276,21 +287,34 @@ def spark_percentile(values: list[float], quantile: float) -> float | None:
     ordered = sorted(values)
     for start in range(0, len(ordered), head):
         batch = ordered[start:start + head]
-        merged: list[list] = []
-        si = 0
-        for oi, v in enumerate(batch):
-            while si < len(samples) and samples[si][0] <= v:
-                merged.append(samples[si])
-                si += 1
-            count += 1
-            last = si == len(samples) and oi == len(batch) - 1
-            delta = 0 if (not merged or last) else math.floor(2 * eps * count)
-            merged.append([v, 1, delta])
-        merged.extend(samples[si:])
+        if not samples:
+            # nothing to merge with (the first batch): each value a sample, delta
+            # floor(2 eps count) but 0 for the first and the last (as below)
+            two_eps = 2 * eps
+            merged = [[v, 1, math.floor(two_eps * k)]
+                      for k, v in enumerate(batch, start=count + 1)]
+            merged[0][2] = merged[-1][2] = 0
+            count += len(batch)
+        else:
+            merged = []
+            si = 0
+            for oi, v in enumerate(batch):
+                while si < len(samples) and samples[si][0] <= v:
+                    merged.append(samples[si])
+                    si += 1
+                count += 1
+                last = si == len(samples) and oi == len(batch) - 1
+                delta = 0 if (not merged or last) else math.floor(2 * eps * count)
+                merged.append([v, 1, delta])
+            merged.extend(samples[si:])
         samples = merged
         if start + head < len(ordered) and len(samples) >= 10000:
             samples = _compress(samples, 2 * eps * count)
-    samples = _compress(samples, 2 * eps * count)
+    return _compress(samples, 2 * eps * count), count
+
+
+def _gk_query(samples: list[list], count: int, quantile: float) -> float:
+    eps = _RELATIVE_ERROR
     if quantile <= eps:
         return samples[0][0]
     if quantile >= 1 - eps:
@@ -355,6 +379,7 @@ class PassTables:
     per_role: list[dict]        # ROLE_COLUMNS, in order
     brokers: DataFrame          # BROKER_COLUMNS (built from driver rows)
     cached: tuple[DataFrame, ...]
+    brokers_table: pa.Table | None = None    # the same rows as Arrow (job.main's local writes)
 
     def release(self) -> None:
         for frame in self.cached:
@@ -1117,10 +1142,15 @@ def _assemble(spark: SparkSession, rows: Iterable[tuple], info: dict, roles: dic
     counted_by: dict[int, list[str]] = {}
     for tag, run, broker, a, b, ts, code, n in rows:
         if tag == "P":
-            total = lines.setdefault(run, [0, 0, 0])
+            total = lines.get(run)
+            if total is None:
+                total = lines[run] = [0, 0, 0]
             total[0] += n
-            total[1] += n if code & 2 else 0
-            total[2] += n if code & 4 else 0
+            if code & 6:
+                if code & 2:
+                    total[1] += n
+                if code & 4:
+                    total[2] += n
             if broker is not None:
                 m = brokers.get((run, broker))
                 if m is None:
@@ -1148,7 +1178,10 @@ def _assemble(spark: SparkSession, rows: Iterable[tuple], info: dict, roles: dic
         elif tag == "F":
             forwards[run].append((broker, a, b, n))
         elif tag == "A":
-            adds[(run, a)].extend([ts] * n)
+            if n == 1:
+                adds[(run, a)].append(ts)
+            else:
+                adds[(run, a)].extend([ts] * n)
         elif tag == "L":
             if ts is not None:
                 links[run].append((a, ts))
@@ -1224,8 +1257,7 @@ def _assemble(spark: SparkSession, rows: Iterable[tuple], info: dict, roles: dic
     for run, n in consumers.items():
         per_run[run]["consumers"] = n
         values = firsts.get(run, [])
-        per_run[run]["c50"] = spark_percentile(values, 0.5)
-        per_run[run]["c99"] = spark_percentile(values, 0.99)
+        per_run[run]["c50"], per_run[run]["c99"] = spark_percentiles(values, (0.5, 0.99))
     # recovery and recovery frames per fault event
     for run, times in faults.items():
         changes = sorted(demand_ts.get(run, ()))
@@ -1265,18 +1297,24 @@ def _assemble(spark: SparkSession, rows: Iterable[tuple], info: dict, roles: dic
             if peer is not None and parent.get((run, peer)) == broker
             and (msg is None or (msg, peer) not in under))
 
-    runs, runs_schema = _runs_rows(spark, lines, summaries, info, per_run)
-    role_rows = _role_rows(brokers, roles, info)
-    # Arrow columns, not Python rows: make run's 46,116 brokers took ~1 s of the driver's
-    # Python to verify and pickle one row at a time
-    keys = list(brokers)
-    columns = [pa.array([run for run, _ in keys], pa.string()),
-               pa.array([broker for _, broker in keys], pa.string())]
-    columns += [pa.array([brokers[k][c] for k in keys], pa.int64()) for c in BROKER_COLUMNS[2:]]
-    broker_frame = spark.createDataFrame(
-        pa.Table.from_arrays(columns, names=list(BROKER_COLUMNS)), BROKER_SCHEMA)
+    # the runs frame's Spark job (~0.6 s for make run, mostly waiting) beside the role rows'
+    # and the brokers frame's Python (~0.3 s): neither reads what the other writes
+    with ThreadPoolExecutor(1, thread_name_prefix="treefed-runs") as helper:
+        runs_done = helper.submit(_runs_rows, spark, lines, summaries, info, per_run)
+        role_rows = _role_rows(brokers, roles, info)
+        # Arrow columns, not Python rows: make run's 46,116 brokers took ~1 s of the
+        # driver's Python to verify and pickle one row at a time
+        keys = list(brokers)
+        metrics = list(brokers.values())
+        columns = [pa.array([run for run, _ in keys], pa.string()),
+                   pa.array([broker for _, broker in keys], pa.string())]
+        columns += [pa.array([m[c] for m in metrics], pa.int64())
+                    for c in BROKER_COLUMNS[2:]]
+        broker_table = pa.Table.from_arrays(columns, names=list(BROKER_COLUMNS))
+        broker_frame = spark.createDataFrame(broker_table, BROKER_SCHEMA)
+        runs, runs_schema = runs_done.result()
     return PassTables(runs=runs, runs_schema=runs_schema, per_role=role_rows,
-                      brokers=broker_frame, cached=tuple(cached))
+                      brokers=broker_frame, cached=tuple(cached), brokers_table=broker_table)
 
 
 _REC = T.ArrayType(T.StructType([T.StructField("fault_ts", T.DoubleType()),
@@ -1345,9 +1383,17 @@ def _runs_rows(spark: SparkSession, lines: dict, summaries: list[dict], info: di
                  _frames_text(F.col("frames_list")))))
     from treefed.analysis.variants import VARIANT_COLUMNS
 
-    out = (job.finish_runs(frame, extra=VARIANT_COLUMNS).select(*job.RUN_COLUMNS)
-           .orderBy("scenario", "brokers", F.col("ttl").isNotNull(), "ttl", "mode", "run"))
-    return [r.asDict() for r in out.collect()], out.schema
+    out = job.finish_runs(frame, extra=VARIANT_COLUMNS, ordered=False).select(*job.RUN_COLUMNS)
+    # job.RUNS_ORDER on the driver: Spark's sort of these ~100 rows was two more jobs
+    # (the range partitioner's sample, a shuffle) on the job's serial tail
+    return sorted((r.asDict() for r in out.collect()), key=_runs_order), out.schema
+
+
+def _runs_order(row: dict) -> tuple:
+    """job.RUNS_ORDER as Spark sorts it: ascending, nulls first; strings by code point
+    (UTF-8 byte order), booleans false first.  ``run`` is unique: a total order."""
+    return tuple((True, row["ttl"] is not None) if c == "ttl is not null"
+                 else (row[c] is not None, row[c]) for c in job.RUNS_ORDER)
 
 
 def _frames_text(listed: Column) -> Column:
@@ -1361,9 +1407,13 @@ def _role_rows(brokers: dict, roles: dict, info: dict) -> list[dict]:
     summed = ("advisory_frames", "advisory_receipts", "spilled_advisories",
               "demand_created", "wasted_demand", "deliveries", "stranded", "sibling_spill",
               "downward_spill")
+    tiers: dict[str, str] = {}      # the same broker names recur in every mode's run
     for (run, broker), m in brokers.items():
         role = roles.get((run, broker), {}).get("role") or "unknown"
-        key = (run, role, site_tier(broker))
+        tier = tiers.get(broker)
+        if tier is None:
+            tier = tiers[broker] = site_tier(broker)
+        key = (run, role, tier)
         g = groups.get(key)
         if g is None:
             g = groups[key] = {"brokers": 0, **{c: 0 for c in summed},
