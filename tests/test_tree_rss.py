@@ -23,12 +23,18 @@ os.waitpid(pid, 0)
 """
 
 
-def test_shared_pages_of_a_fork_count_once() -> None:
+def _measured(script: str) -> dict:
+    """bench/tree_rss.py's JSON line for a Python process running ``script``."""
     done = subprocess.run([sys.executable, str(BENCH), "--every", "0.1", "--",
-                           sys.executable, "-c", _FORKER],
+                           sys.executable, "-c", script],
                           capture_output=True, text=True, timeout=60, check=True)
     line = json.loads(done.stdout.strip().splitlines()[-1])
     assert line["rc"] == 0
+    return line
+
+
+def test_shared_pages_of_a_fork_count_once() -> None:
+    line = _measured(_FORKER)
     # the tree holds the block once; the resident sets add up to it twice
     assert 150 < line["peak_mib"] < 240, line
     assert line["peak_rss_sum_mib"] > 300, line
@@ -55,10 +61,6 @@ os.waitpid(pid, 0)
 
 
 def test_a_child_in_its_parents_address_space_counts_once() -> None:
-    done = subprocess.run([sys.executable, str(BENCH), "--every", "0.1", "--",
-                           sys.executable, "-c", _CLONER],
-                          capture_output=True, text=True, timeout=60, check=True)
-    line = json.loads(done.stdout.strip().splitlines()[-1])
-    assert line["rc"] == 0
+    line = _measured(_CLONER)
     assert 150 < line["peak_mib"] < 240, line
     assert len(line["peak_processes"]) == 1, line

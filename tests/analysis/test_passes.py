@@ -100,16 +100,30 @@ def test_hot_rows_are_facts_rows():
                     ("A", "r", None, "store-1", None, 1.0, 0, 1)]
 
 
+def _encoded(rows: list[tuple], names: tuple[str, ...]):
+    """``rows`` (values of ``names``, every other column null) as a whole events table
+    encoded by a new Coder of run "r": (the coder, the coded table)."""
+    import pyarrow as pa
+
+    from treefed.scenario.parquet_parts import Coder, arrow_schema
+
+    table = pa.Table.from_pylist([dict(zip(names, r)) for r in rows]).cast(
+        pa.schema([arrow_schema().field(n) for n in names]))
+    full = pa.table({n: table.column(n) if n in names else pa.nulls(len(table), f.type)
+                     for n, f in zip(arrow_schema().names, arrow_schema())})
+    coder = Coder("r")
+    return coder, coder.encode(full)
+
+
 def test_message_rows_are_facts_rows(tmp_path):
     """A run's message file back as facts' M and F rows and the send pairs, by hand:
     the copy key as facts' concat_ws (nulls skipped; a topic's subscriber = the broker +
     the consumer id's last segment, so two consumers with that segment are one copy),
     forwards kept for tree runs only."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from treefed.analysis.passes import RunCodes, _message_codes, _message_rows
-    from treefed.scenario.parquet_parts import Coder, MESSAGE_FILE, arrow_schema
+    from treefed.scenario.parquet_parts import MESSAGE_FILE
 
     rows = [  # event, broker, dst, msg, peer, consumer
         ("message.produced", "hq", "queue://q", "m1", None, None),
@@ -126,13 +140,8 @@ def test_message_rows_are_facts_rows(tmp_path):
         ("message.delivered", "store-1", None, "m6", None, "c"),
         ("message.produced", None, "queue://q", "m7", None, None),            # rest file
     ]
-    names = ("event", "broker", "dst", "msg", "peer", "consumer")
-    table = pa.Table.from_pylist([dict(zip(names, r)) for r in rows]).cast(
-        pa.schema([arrow_schema().field(n) for n in names]))
-    full = pa.table({n: table.column(n) if n in names else pa.nulls(len(table), f.type)
-                     for n, f in zip(arrow_schema().names, arrow_schema())})
-    coder = Coder("r")
-    messages = coder.messages(coder.encode(full))
+    coder, encoded = _encoded(rows, ("event", "broker", "dst", "msg", "peer", "consumer"))
+    messages = coder.messages(encoded)
     assert messages.num_rows == len(rows) - 2
     pq.write_table(messages, tmp_path / MESSAGE_FILE)
     inverse = sorted(coder.brokers, key=coder.brokers.__getitem__)
@@ -163,20 +172,15 @@ def test_rest_codes_are_pass_1s_broker_info(tmp_path):
     broker.info rows counted (facts' P rows), the send pairs of message rows with a plain
     destination; a broker.info row with a wildcard destination leaves the run's infos to
     the string passes (pass 1 makes a pattern of it)."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from treefed.analysis.passes import RunCodes, _info_facts, _info_rows, _rest_codes
-    from treefed.scenario.parquet_parts import Coder, REST_FILE, arrow_schema
+    from treefed.scenario.parquet_parts import REST_FILE
 
     def rest_of(rows):
-        names = ("event", "broker", "dst", "role", "node_type", "parent", "ts")
-        table = pa.Table.from_pylist([dict(zip(names, r)) for r in rows]).cast(
-            pa.schema([arrow_schema().field(n) for n in names]))
-        full = pa.table({n: table.column(n) if n in names else pa.nulls(len(table), f.type)
-                         for n, f in zip(arrow_schema().names, arrow_schema())})
-        coder = Coder("r")
-        rest = coder.rest(coder.encode(full))
+        coder, encoded = _encoded(rows, ("event", "broker", "dst", "role", "node_type",
+                                         "parent", "ts"))
+        rest = coder.rest(encoded)
         pq.write_table(rest, tmp_path / REST_FILE)
         return RunCodes(run="r", key=coder.key,
                         brokers=sorted(coder.brokers, key=coder.brokers.__getitem__),
@@ -298,29 +302,40 @@ def _coded_copy(run: Path, root: Path) -> Path:
     return copy
 
 
-def _session7_codes(run: Path) -> None:
-    """Make a runner's run as session 7's runner wrote it: the codes file lists
-    OLD_HOT_EVENTS as hot, the rest file holds every other row (link, consumer-added,
-    stranded events too), no demand file, no message file.  (The parts keep the newer
-    code columns: the job reads the six of session 7.)"""
+def _older_rest(run: Path, table, hot_events: tuple[str, ...]) -> dict:
+    """Rewrite ``run``'s rest file as a runner with ``hot_events`` as its hot list wrote
+    it (every row of ``table`` that is not such a hot row: more rows than now); its codes
+    file entry."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from treefed.scenario.parquet_parts import (CODES_FILE, DEMAND_FILE, EVENT_CODES,
-                                                MESSAGE_FILE, OLD_HOT_EVENTS, REST_FILE)
+    from treefed.scenario.parquet_parts import EVENT_CODES, REST_FILE
 
-    data = json.loads((run / CODES_FILE).read_text())
-    table = pq.read_table([run / p for p in sorted(os.listdir(run))
-                           if p.startswith("events.part-")])
     hot = pc.is_in(pc.shift_right(table["event_code"], 1),
-                   pa.array([EVENT_CODES.index(e) for e in OLD_HOT_EVENTS], pa.int32()))
+                   pa.array([EVENT_CODES.index(e) for e in hot_events], pa.int32()))
     hot = pc.and_(pc.fill_null(hot, False), pc.is_valid(table["broker_code"]))
     plain = pc.fill_null(pc.greater_equal(table["dst_code"], 0), True)
     rest = table.filter(pc.invert(pc.and_(hot, plain)))
     assert rest.num_rows > pq.read_metadata(run / REST_FILE).num_rows   # more rows now
     pq.write_table(rest, run / REST_FILE)
-    data.update(hot=list(OLD_HOT_EVENTS), rest={"file": REST_FILE, "rows": rest.num_rows})
+    return {"file": REST_FILE, "rows": rest.num_rows}
+
+
+def _session7_codes(run: Path) -> None:
+    """Make a runner's run as session 7's runner wrote it: the codes file lists
+    OLD_HOT_EVENTS as hot, the rest file holds every other row (link, consumer-added,
+    stranded events too), no demand file, no message file.  (The parts keep the newer
+    code columns: the job reads the six of session 7.)"""
+    import pyarrow.parquet as pq
+
+    from treefed.scenario.parquet_parts import (CODES_FILE, DEMAND_FILE, MESSAGE_FILE,
+                                                OLD_HOT_EVENTS)
+
+    data = json.loads((run / CODES_FILE).read_text())
+    table = pq.read_table([run / p for p in sorted(os.listdir(run))
+                           if p.startswith("events.part-")])
+    data.update(hot=list(OLD_HOT_EVENTS), rest=_older_rest(run, table, OLD_HOT_EVENTS))
     del data["demand"], data["messages"], data["msgs"]
     (run / MESSAGE_FILE).unlink()
     (run / DEMAND_FILE).unlink()
@@ -331,26 +346,16 @@ def _session8_codes(run: Path) -> None:
     """Make a runner's run as session 8's runner wrote it: no msg_code / peer_code
     columns, the codes file lists S8_HOT_EVENTS as hot and no message dictionary, the
     rest file holds the message rows too, no message file."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from treefed.scenario.parquet_parts import (CODES_FILE, EVENT_CODES, MESSAGE_FILE,
-                                                REST_FILE, S8_HOT_EVENTS)
+    from treefed.scenario.parquet_parts import CODES_FILE, MESSAGE_FILE, S8_HOT_EVENTS
 
     data = json.loads((run / CODES_FILE).read_text())
     parts = [run / p for p in sorted(os.listdir(run)) if p.startswith("events.part-")]
     for part in parts:
         pq.write_table(pq.read_table(part).drop_columns(["msg_code", "peer_code"]), part)
-    table = pq.read_table(parts)
-    hot = pc.is_in(pc.shift_right(table["event_code"], 1),
-                   pa.array([EVENT_CODES.index(e) for e in S8_HOT_EVENTS], pa.int32()))
-    hot = pc.and_(pc.fill_null(hot, False), pc.is_valid(table["broker_code"]))
-    plain = pc.fill_null(pc.greater_equal(table["dst_code"], 0), True)
-    rest = table.filter(pc.invert(pc.and_(hot, plain)))
-    assert rest.num_rows > pq.read_metadata(run / REST_FILE).num_rows   # more rows now
-    pq.write_table(rest, run / REST_FILE)
-    data.update(hot=list(S8_HOT_EVENTS), rest={"file": REST_FILE, "rows": rest.num_rows})
+    data.update(hot=list(S8_HOT_EVENTS), rest=_older_rest(run, pq.read_table(parts),
+                                                          S8_HOT_EVENTS))
     del data["messages"], data["msgs"]
     (run / MESSAGE_FILE).unlink()
     (run / CODES_FILE).write_text(json.dumps(data))
