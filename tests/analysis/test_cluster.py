@@ -123,9 +123,18 @@ def test_cluster_runs_csv_equals_local(spark, tmp_path):
              "--conf", "spark.ui.enabled=false",
              "--conf", "spark.sql.shuffle.partitions=4",
              "--driver-memory", "1g", "--executor-memory", "1g",
-             str(ROOT / "treefed" / "analysis" / "job.py"), *runs, "--out", str(remote)],
+             str(ROOT / "treefed" / "analysis" / "job.py"), *runs, "--out", str(remote),
+             # a URI: the tables written by Spark (the local run's by the driver)
+             "--tables", (tmp_path / "cluster-tables").as_uri()],
             capture_output=True, text=True, env=env, timeout=600)
         assert done.returncode == 0, done.stderr[-4000:]
         assert "report:" in done.stdout
     assert (remote / "runs.csv").read_text() == (local / "runs.csv").read_text()
     assert (remote / "per_role.csv").read_text() == (local / "per_role.csv").read_text()
+    import pyarrow.parquet as pq
+
+    for name in ("runs", "per_role", "brokers"):
+        here = pq.read_table(local / "tables" / f"{name}.parquet")
+        there = pq.read_table(tmp_path / "cluster-tables" / f"{name}.parquet")
+        assert there.schema == here.schema, name
+        assert sorted(map(repr, there.to_pylist())) == sorted(map(repr, here.to_pylist()))

@@ -67,5 +67,6 @@ def test_local_tables_are_written_as_spark_lays_them_out(tmp_path) -> None:
     assert files[1].startswith("part-00000-") and files[1].endswith("-c000.snappy.parquet")
     table = pq.read_table(stale / files[1])
     assert [str(t) for t in table.schema.types] == ["string", "int64", "double", "int32"]
+    assert [f.nullable for f in table.schema] == [False, True, True, True]
     assert table.to_pylist() == [{"run": "a", "n": 3, "share": 0.5, "tier": 1},
                                  {"run": "b", "n": None, "share": None, "tier": None}]

@@ -791,12 +791,12 @@ def compute(spark: SparkSession, paths: list[str], *,
 
 
 def _arrow_table(rows: list[dict], schema: T.StructType):
-    """Collected rows as an Arrow table of ``schema``'s types (every field nullable)."""
+    """Collected rows as an Arrow table of ``schema``'s types and nullability (as Spark
+    writes them: the runs table's ``mode`` is never null)."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
     arrow = to_arrow_schema(schema)
-    arrow = pa.schema([f.with_nullable(True) for f in arrow])
     return pa.Table.from_pylist([{f.name: r[f.name] for f in schema.fields} for r in rows],
                                 schema=arrow)
 
@@ -999,7 +999,7 @@ def main(argv: list[str] | None = None) -> int:
             role_rows = [r.asDict() for r in tables.per_role.collect()]
             runs_schema, roles_schema = tables.runs.schema, tables.per_role.schema
         else:
-            from treefed.analysis.passes import ROLE_SCHEMA, compute_passes
+            from treefed.analysis.passes import BROKER_SCHEMA, ROLE_SCHEMA, compute_passes
 
             tables = compute_passes(spark, args.runs, json_only=frozenset(bad_parts))
             runs, role_rows = tables.runs, tables.per_role
@@ -1013,14 +1013,13 @@ def main(argv: list[str] | None = None) -> int:
             tables.release()
             _refuse(verdict)
             return 2
-        brokers_table = getattr(tables, "brokers_table", None)
-        if brokers_table is not None and not _has_scheme(tables_dir):
+        if not args.legacy_plan and not _has_scheme(tables_dir):
             # all three on the driver already: written by pyarrow, no Spark job (three
             # one-task write jobs and their planning were ~1 s of the job's serial tail)
             _write_local_tables(tables_dir, {
                 "runs": _arrow_table(runs, runs_schema),
                 "per_role": _arrow_table(role_rows, roles_schema),
-                "brokers": brokers_table})
+                "brokers": tables.brokers})
             frames = ()
         else:
             # The two small tables are written from what was collected, not recomputed;
@@ -1032,7 +1031,8 @@ def main(argv: list[str] | None = None) -> int:
                 ("per_role", spark.createDataFrame(
                     [tuple(r[f.name] for f in roles_schema.fields) for r in role_rows],
                     roles_schema)),
-                ("brokers", tables.brokers))
+                ("brokers", tables.brokers if args.legacy_plan
+                 else spark.createDataFrame(tables.brokers, BROKER_SCHEMA)))
         if frames:
             with ThreadPoolExecutor(len(frames), thread_name_prefix="treefed-write") as pool:
                 for done in [pool.submit(frame.coalesce(1).write.mode("overwrite").parquet,

@@ -372,14 +372,13 @@ def _window_max(times: list[float], start: float, until: float | None) -> float 
 
 @dataclass
 class PassTables:
-    """The job's outputs from compute_passes: collected rows and the brokers frame."""
+    """The job's outputs from compute_passes: collected rows and the brokers table."""
 
     runs: list[dict]            # RUN_COLUMNS, in the runs table's order
     runs_schema: T.StructType
     per_role: list[dict]        # ROLE_COLUMNS, in order
-    brokers: DataFrame          # BROKER_COLUMNS (built from driver rows)
+    brokers: pa.Table           # BROKER_COLUMNS (built from driver rows; BROKER_SCHEMA's types)
     cached: tuple[DataFrame, ...]
-    brokers_table: pa.Table | None = None    # the same rows as Arrow (job.main's local writes)
 
     def release(self) -> None:
         for frame in self.cached:
@@ -1298,7 +1297,7 @@ def _assemble(spark: SparkSession, rows: Iterable[tuple], info: dict, roles: dic
             and (msg is None or (msg, peer) not in under))
 
     # the runs frame's Spark job (~0.6 s for make run, mostly waiting) beside the role rows'
-    # and the brokers frame's Python (~0.3 s): neither reads what the other writes
+    # and the brokers table's Python (~0.3 s): neither reads what the other writes
     with ThreadPoolExecutor(1, thread_name_prefix="treefed-runs") as helper:
         runs_done = helper.submit(_runs_rows, spark, lines, summaries, info, per_run)
         role_rows = _role_rows(brokers, roles, info)
@@ -1311,10 +1310,9 @@ def _assemble(spark: SparkSession, rows: Iterable[tuple], info: dict, roles: dic
         columns += [pa.array([m[c] for m in metrics], pa.int64())
                     for c in BROKER_COLUMNS[2:]]
         broker_table = pa.Table.from_arrays(columns, names=list(BROKER_COLUMNS))
-        broker_frame = spark.createDataFrame(broker_table, BROKER_SCHEMA)
         runs, runs_schema = runs_done.result()
     return PassTables(runs=runs, runs_schema=runs_schema, per_role=role_rows,
-                      brokers=broker_frame, cached=tuple(cached), brokers_table=broker_table)
+                      brokers=broker_table, cached=tuple(cached))
 
 
 _REC = T.ArrayType(T.StructType([T.StructField("fault_ts", T.DoubleType()),
