@@ -306,17 +306,11 @@ def _older_rest(run: Path, table, hot_events: tuple[str, ...]) -> dict:
     """Rewrite ``run``'s rest file as a runner with ``hot_events`` as its hot list wrote
     it (every row of ``table`` that is not such a hot row: more rows than now); its codes
     file entry."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from treefed.scenario.parquet_parts import EVENT_CODES, REST_FILE
+    from treefed.scenario.parquet_parts import Coder, REST_FILE
 
-    hot = pc.is_in(pc.shift_right(table["event_code"], 1),
-                   pa.array([EVENT_CODES.index(e) for e in hot_events], pa.int32()))
-    hot = pc.and_(pc.fill_null(hot, False), pc.is_valid(table["broker_code"]))
-    plain = pc.fill_null(pc.greater_equal(table["dst_code"], 0), True)
-    rest = table.filter(pc.invert(pc.and_(hot, plain)))
+    rest = Coder.rest(table, hot_events)
     assert rest.num_rows > pq.read_metadata(run / REST_FILE).num_rows   # more rows now
     pq.write_table(rest, run / REST_FILE)
     return {"file": REST_FILE, "rows": rest.num_rows}

@@ -697,7 +697,7 @@ def finish_runs(joined: DataFrame, extra: tuple[str, ...] = (), *,
                 "recovery", *extra))
     if not ordered:
         return table
-    return table.orderBy("scenario", "brokers", F.col("ttl").isNotNull(), "ttl", "mode", "run")
+    return table.orderBy(*(F.expr(c) for c in RUNS_ORDER))
 
 
 # ----------------------------------------------------------------------------- driver

@@ -777,6 +777,20 @@ def _info_facts(coded: dict[str, RunCodes], rests: dict[str, _RestCodes]) -> Ite
                 yield ("P", c.run, c.brokers[b], None, None, None, 0, n)
 
 
+def _named_sends(coded: dict[str, RunCodes], found: dict[str, _RunMessages],
+                 runs: set[str]) -> dict[str, set[tuple[str, str]]]:
+    """The message files' send pairs by name, (broker, destination), of ``runs`` only
+    (the runs with a wildcard destination: ``_interest`` resolves their coverage)."""
+    named: dict[str, set[tuple[str, str]]] = {}
+    for c in coded.values():
+        if c.run in runs and c.run in found:
+            dst_names = {code: name for name, code in c.dsts.items()}
+            sent = found[c.run].sends
+            named[c.run] = {(c.brokers[b], dst_names[d]) for b, d in zip(
+                sent.column("broker_code").to_pylist(), sent.column("dst_code").to_pylist())}
+    return named
+
+
 def _coded(paths: list[str], json_only: frozenset[str]) -> dict[str, RunCodes]:
     """The runs read by their codes: coded, not JSON-only, and a key no other run has."""
     found = {p: c for p in paths if p not in json_only and (c := run_codes(p)) is not None}
@@ -793,9 +807,9 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
     What does not depend on another step runs beside it, from helper threads (PySpark
     pins each Python thread to its own JVM thread; Spark schedules the jobs side by
     side): the integer pass (which needs nothing of pass 1), then the summaries, from
-    the start; the demand and message files' pyarrow reads on the driver meanwhile.  On 2 cores one pass
-    alone leaves a task slot idle through its serial parts (planning, code generation, a
-    last long task, the collect and its conversion)."""
+    the start; the demand and message files' pyarrow reads on the driver meanwhile.  On
+    2 cores one pass alone leaves a task slot idle through its serial parts (planning,
+    code generation, a last long task, the collect and its conversion)."""
     coded = _coded(paths, json_only)
     # the coded runs' rest files by their codes (driver, pyarrow: make run's 46,893 rows):
     # hot_facts' interest and stores, and the broker.info rows the string passes then
@@ -857,16 +871,8 @@ def compute_passes(spark: SparkSession, paths: list[str], *,
         tree_runs = sorted(run for run, r in info.items()
                            if r["mode"] is not None and r["mode"].lower().startswith("tree"))
         found = messages.result()
-        # the coded send pairs by name, for the runs with a wildcard destination only
         with_patterns = {r["run"] for r in dim_rows if r["pattern_re"] is not None}
-        named: dict[str, set[tuple[str, str]]] = {}
-        for c in coded.values():
-            if c.run in with_patterns and c.run in found:
-                dst_names = {code: name for name, code in c.dsts.items()}
-                sent = found[c.run].sends
-                named[c.run] = {(c.brokers[b], dst_names[d]) for b, d in zip(
-                    sent.column("broker_code").to_pylist(), sent.column("dst_code").to_pylist())}
-        covered = _interest(dim_rows, named)
+        covered = _interest(dim_rows, _named_sends(coded, found, with_patterns))
         interest = dims.where(F.col("kind") == "send").select("run", "broker", "dst")
         extra = [(run, b, d) for run, pairs in covered.items() for b, d in sorted(pairs)]
         if extra:

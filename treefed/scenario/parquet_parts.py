@@ -229,34 +229,31 @@ class Coder:
         return table
 
     @staticmethod
-    def rest(table: pa.Table) -> pa.Table:
-        """The rows of an encoded table that are not hot: HOT_EVENTS rows with a broker
-        and no wildcard destination."""
-        hot = pc.is_in(pc.shift_right(table.column("event_code"), 1),
-                       pa.array([EVENT_CODES.index(e) for e in HOT_EVENTS], pa.int32()))
-        hot = pc.and_(pc.fill_null(hot, False), pc.is_valid(table.column("broker_code")))
-        # a wildcard destination is pass 1's (a pattern), whatever the event
-        plain = pc.fill_null(pc.greater_equal(table.column("dst_code"), 0), True)
-        return table.filter(pc.invert(pc.and_(hot, plain)))
-
-    @staticmethod
-    def _hot_of(table: pa.Table, events: tuple[str, ...]) -> pa.Table:
-        """The hot rows of an encoded table that are one of ``events``."""
+    def _hot(table: pa.Table, events: tuple[str, ...]) -> pa.ChunkedArray:
+        """Which rows of an encoded table are hot for ``events``: one of them, with a
+        broker and no wildcard destination."""
         these = pc.is_in(pc.shift_right(table.column("event_code"), 1),
                          pa.array([EVENT_CODES.index(e) for e in events], pa.int32()))
         hot = pc.and_(pc.fill_null(these, False), pc.is_valid(table.column("broker_code")))
+        # a wildcard destination is pass 1's (a pattern), whatever the event
         plain = pc.fill_null(pc.greater_equal(table.column("dst_code"), 0), True)
-        return table.filter(pc.and_(hot, plain))
+        return pc.and_(hot, plain)
+
+    @classmethod
+    def rest(cls, table: pa.Table, hot: tuple[str, ...] = HOT_EVENTS) -> pa.Table:
+        """The rows of an encoded table that are not hot (``hot``: the hot list; an older
+        one gives the rest file an older runner wrote)."""
+        return table.filter(pc.invert(cls._hot(table, hot)))
 
     @classmethod
     def demand(cls, table: pa.Table) -> pa.Table:
         """DEMAND_COLUMNS of an encoded table's hot demand.created rows."""
-        return cls._hot_of(table, ("demand.created",)).select(list(DEMAND_COLUMNS))
+        return table.filter(cls._hot(table, ("demand.created",))).select(list(DEMAND_COLUMNS))
 
     @classmethod
     def messages(cls, table: pa.Table) -> pa.Table:
         """MESSAGE_COLUMNS of an encoded table's hot MESSAGE_EVENTS rows."""
-        return cls._hot_of(table, MESSAGE_EVENTS).select(list(MESSAGE_COLUMNS))
+        return table.filter(cls._hot(table, MESSAGE_EVENTS)).select(list(MESSAGE_COLUMNS))
 
     def write(self, folder: Path, rest_rows: int, demand_rows: int | None = None,
               message_rows: int | None = None) -> str:
@@ -283,6 +280,34 @@ def part_name(n: int) -> str:
     return f"events.part-{n:04d}.parquet"
 
 
+class _SideFile:
+    """One of a coded run's files beside its parts (REST_FILE, DEMAND_FILE, MESSAGE_FILE):
+    opened with the first chunk, a row group per chunk that has rows (an empty row group
+    makes Spark's reader warn, once per split), its rows counted."""
+
+    def __init__(self, path: Path, schema: pa.Schema) -> None:
+        self.path = path
+        self.schema = schema
+        self.rows = 0
+        self._writer: pq.ParquetWriter | None = None
+
+    def write(self, table: pa.Table) -> None:
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self.path, self.schema, compression="snappy")
+        if len(table):
+            self._writer.write_table(table, row_group_size=len(table))
+            self.rows += len(table)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def discard(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
 class ParquetParts:
     """Parquet parts of one run's event log, fed with chunks of JSON lines (bytes)."""
 
@@ -297,12 +322,10 @@ class ParquetParts:
         self._out_schema = coded_schema() if self.coder is not None else self._schema
         #: the codes file's name once written (close), else None
         self.codes: str | None = None
-        self._rest: pq.ParquetWriter | None = None
-        self._rest_rows = 0
-        self._demand: pq.ParquetWriter | None = None
-        self._demand_rows = 0
-        self._messages: pq.ParquetWriter | None = None
-        self._message_rows = 0
+        # the coded run's rest, demand and message files
+        self._rest = _SideFile(self.folder / REST_FILE, self._out_schema)
+        self._demand = _SideFile(self.folder / DEMAND_FILE, demand_schema())
+        self._messages = _SideFile(self.folder / MESSAGE_FILE, message_schema())
         self._part_lines = part_lines
         self._group_lines = row_group_lines
         self._pending: list[bytes] = []
@@ -339,27 +362,9 @@ class ParquetParts:
         table = table.select(self._schema.names).cast(self._schema)
         if self.coder is not None:
             table = self.coder.encode(table)
-            rest = self.coder.rest(table)
-            if self._rest is None:
-                self._rest = pq.ParquetWriter(self.folder / REST_FILE, self._out_schema,
-                                              compression="snappy")
-            if len(rest):   # an empty row group makes Spark's reader warn, once per split
-                self._rest.write_table(rest, row_group_size=len(rest))
-                self._rest_rows += len(rest)
-            demand = self.coder.demand(table)
-            if self._demand is None:
-                self._demand = pq.ParquetWriter(self.folder / DEMAND_FILE, demand_schema(),
-                                                compression="snappy")
-            if len(demand):
-                self._demand.write_table(demand, row_group_size=len(demand))
-                self._demand_rows += len(demand)
-            messages = self.coder.messages(table)
-            if self._messages is None:
-                self._messages = pq.ParquetWriter(self.folder / MESSAGE_FILE,
-                                                  message_schema(), compression="snappy")
-            if len(messages):
-                self._messages.write_table(messages, row_group_size=len(messages))
-                self._message_rows += len(messages)
+            self._rest.write(self.coder.rest(table))
+            self._demand.write(self.coder.demand(table))
+            self._messages.write(self.coder.messages(table))
         if self._writer is None:
             name = part_name(len(self.parts))
             self._writer = pq.ParquetWriter(self.folder / name, self._out_schema,
@@ -380,18 +385,8 @@ class ParquetParts:
     def _abandon(self, why: str) -> None:
         self.error = why
         self.codes = None
-        if self._rest is not None:
-            self._rest.close()
-            self._rest = None
-        (self.folder / REST_FILE).unlink(missing_ok=True)
-        if self._demand is not None:
-            self._demand.close()
-            self._demand = None
-        (self.folder / DEMAND_FILE).unlink(missing_ok=True)
-        if self._messages is not None:
-            self._messages.close()
-            self._messages = None
-        (self.folder / MESSAGE_FILE).unlink(missing_ok=True)
+        for side in (self._rest, self._demand, self._messages):
+            side.discard()
         self._close_part()
         for name, _ in self.parts:
             (self.folder / name).unlink(missing_ok=True)
@@ -403,18 +398,11 @@ class ParquetParts:
         if self.error is None:
             self._flush()
         self._close_part()
-        if self._rest is not None:
-            self._rest.close()
-            self._rest = None
-        if self._demand is not None:
-            self._demand.close()
-            self._demand = None
-        if self._messages is not None:
-            self._messages.close()
-            self._messages = None
+        for side in (self._rest, self._demand, self._messages):
+            side.close()
         if self.error is None and self.coder is not None and self.parts:
-            self.codes = self.coder.write(self.folder, self._rest_rows, self._demand_rows,
-                                          self._message_rows)
+            self.codes = self.coder.write(self.folder, self._rest.rows, self._demand.rows,
+                                          self._messages.rows)
 
     @property
     def rows(self) -> int:
