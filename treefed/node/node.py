@@ -206,6 +206,16 @@ LOST_LINKS = 10_000
 #: One slow commit (a disk stall) sends the next ones back to the thread.
 INLINE_COMMIT_S = 0.0003
 INLINE_MAX_ROWS = 64
+#: A commit of at most ``INLINE_SMALL_ROWS`` rows (stored messages + deletes: one
+#: synchronous send, perhaps with one consumer's ack) runs on the site task while commits
+#: take less than this on average, however slow the fsync: batches are serial anyway (the
+#: batch lock), so running it in a thread frees the loop only for socket reads and writes,
+#: and the hand-off itself -- waking a worker, and its wake-up of the loop -- cost more
+#: CPU than that saved on a disk whose fsync takes a few hundred µs (issue #14, session
+#: 10: ~250 µs of the broker's CPU per lone synchronous send).  A disk stall (an average
+#: past this) still sends every commit back to the thread.
+INLINE_SMALL_COMMIT_S = 0.002
+INLINE_SMALL_ROWS = 2
 #: A reader runs its chunk as a batch itself only when no batch ended within this many
 #: seconds: chunks that arrive together (several readers woken by one poll) go to the
 #: site task and share one commit (group commit), while a lone sender's next message,
@@ -1676,8 +1686,10 @@ class BrokerNode:
         nosync = self._ack_syncer is not None and (not stores or not durable)
         if not self._threaded_store:
             self.store.apply(*args)
-        elif (self.commit_seconds < INLINE_COMMIT_S
-              and len(stores) + len(deletes) + len(consumed) <= INLINE_MAX_ROWS):
+        elif ((self.commit_seconds < INLINE_COMMIT_S
+               and len(stores) + len(deletes) + len(consumed) <= INLINE_MAX_ROWS)
+              or (self.commit_seconds < INLINE_SMALL_COMMIT_S
+                  and len(stores) + len(deletes) <= INLINE_SMALL_ROWS)):
             self.inline_commits += 1
             self._timed_apply(args, durable)
         else:
