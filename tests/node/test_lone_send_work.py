@@ -2,7 +2,7 @@
 (issue #14, session 7): an inline batch enters no shield cancel scope and leaves the site
 task's timer alone when there is no timer — and a reader cancelled while its batch's
 commit runs in the worker thread still completes the batch (the reason the shield was
-there: every await inside a batch is ``_in_thread``, which cannot be cancelled)."""
+there: every await inside a batch is ``in_thread``, which cannot be cancelled)."""
 
 from __future__ import annotations
 

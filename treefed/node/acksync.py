@@ -9,8 +9,9 @@ fsync covers every earlier WAL frame) or at ``store.sync()`` (see persistence/sq
 "Ack-only commits").  This task bounds the second case: the site task ``poke()``s it after
 an ack-only commit; it sleeps ``interval`` seconds (``ACK_SYNC_S``), then, if the store
 still has unsynced frames, runs ``store.sync()`` (one fdatasync of the WAL file) in a
-worker thread.  So an acked message can come back after a power loss only if the loss
-falls within ~``interval`` plus one fsync of the ack — and never after kill -9.
+worker thread (``in_thread``, node/threads.py).  So an acked message can come back after
+a power loss only if the loss falls within ~``interval`` plus one fsync of the ack — and
+never after kill -9.
 
 It never touches the receipt path: the site task does not wait for it, and it holds no
 lock the site task takes (``sync`` only fdatasyncs the file, no SQLite call).  An idle
@@ -35,14 +36,19 @@ from typing import Any
 import trio
 
 from treefed.errors import StoreError
+from treefed.node.threads import in_thread
 
 __all__ = ["AckSyncer", "ACK_SYNC_S", "FORWARD_SYNC_S", "HELD_SYNC_NOW"]
 
 #: Seconds an ack-only commit may stay un-fsynced (when no storing commit comes first).
 ACK_SYNC_S = 0.1
 #: Seconds held ForwardAcks wait before their fsync, so that the forwards arriving
-#: meanwhile share it (a group commit off the sender's receipt path).
-FORWARD_SYNC_S = 0.002
+#: meanwhile share it (a group commit off the sender's receipt path).  Long enough for
+#: a one-at-a-time persistent sender's forwards (one every 1-2 ms) to share it: at 2 ms
+#: each relaying broker of HQ -> region -> store fsynced once per message (issue #14,
+#: session 10: 10 ms made ~5 forwards share an fsync, the chain's one-at-a-time rate
+#: +25 %).  Only the upstream waits longer to drop its copy.
+FORWARD_SYNC_S = 0.01
 #: Held ForwardAcks (message ids) from which the sync runs at once, without the wait.
 HELD_SYNC_NOW = 256
 
@@ -94,7 +100,7 @@ class AckSyncer:
             self._now = trio.Event()
             if store.sync_pending():   # else a storing commit synced them meanwhile
                 try:
-                    await trio.to_thread.run_sync(store.sync)
+                    await in_thread(store.sync)
                 except StoreError as exc:
                     # nothing is lost by kill -9 either way; retried an interval later
                     # (held ForwardAcks stay held), and the next storing commit fsyncs

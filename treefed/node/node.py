@@ -42,9 +42,9 @@ gap and go to the site task, which groups them into one commit — and from then
 every chunk goes to the site task, so concurrent senders keep the group commit they had.
 The inline batch brings the site task's timer wait forward when it made an earlier
 deadline (and leaves it alone when the deadline did not change).  It enters no cancel
-scope of its own: every await inside a batch is ``_in_thread``, which cannot be
-cancelled, so closing the connection (which cancels its reader) cannot cut a batch
-half-way — the cancellation lands at the reader's next read (issue #14, session 7: a
+scope of its own: every await inside a batch is ``in_thread`` (node/threads.py), which
+cannot be cancelled, so closing the connection (which cancels its reader) cannot cut a
+batch half-way — the cancellation lands at the reader's next read (issue #14, session 7: a
 shield scope and a timer write per lone send were ~70 of its ~300 Python calls).
 
 Invariants:
@@ -150,6 +150,7 @@ from treefed.federation.site import Site
 from treefed.log import get_logger
 from treefed.persistence import MemoryStore
 from treefed.node.acksync import HELD_SYNC_NOW, AckSyncer
+from treefed.node.threads import in_thread
 from treefed.node.gcwatch import statistics as gc_statistics
 from treefed.node.login import LoginGate
 from treefed.security.guard import Guard
@@ -334,22 +335,6 @@ def _forwards_only(stores: list, deferred: list) -> bool:
             if kind is ForwardAck:
                 acked.update(a.frame.ids)
     return all(m.id in acked for m in stores)
-
-
-async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` in one of trio's cached worker threads; waits for it even when
-    cancelled (a commit is never abandoned half-way).  ``trio.to_thread.run_sync`` does
-    the same plus a capacity limiter, a context copy and two thread renames (prctl) per
-    call — tens of µs of the broker's one thread for every commit (issue #14)."""
-    task = trio.lowlevel.current_task()
-    token = trio.lowlevel.current_trio_token()
-
-    def deliver(result: Any) -> None:
-        token.run_sync_soon(trio.lowlevel.reschedule, task, result)
-
-    trio.lowlevel.start_thread_soon(functools.partial(fn, *args), deliver)
-    return await trio.lowlevel.wait_task_rescheduled(
-        lambda _: trio.lowlevel.Abort.FAILED)
 
 
 class _Conn:
@@ -799,8 +784,8 @@ class BrokerNode:
         self._batch_lock.acquire_nowait()
         try:
             # Not shielded, yet never cut half-way (closing ``c`` cancels its reader's
-            # nursery): a batch awaits only ``_in_thread``, which cannot be cancelled, so
-            # a cancellation lands at the reader's next read.  A shield scope per batch
+            # nursery): a batch awaits only ``in_thread``, which cannot be cancelled,
+            # so a cancellation lands at the reader's next read.  A shield scope per batch
             # was ~6 µs of a lone synchronous send (issue #14).
             await self._handle_batch([(c, frames)], None)
         except Exception as exc:   # as in _site_loop: log it, keep serving (#12)
@@ -1454,7 +1439,7 @@ class BrokerNode:
                 c.wake.set()
         if self._threaded_store and self._checkpoint_due():
             # the receipts are queued: the writers send them while the WAL is copied
-            await _in_thread(self.store.checkpoint)
+            await in_thread(self.store.checkpoint)
 
     def _release_acks(self, c: _Conn) -> None:
         """Queue ``c``'s held ForwardAck ids as one frame (ACK_HOLD_S)."""
@@ -1477,7 +1462,7 @@ class BrokerNode:
         if not any(type(a) is Out and type(a.frame) is Receipt for a in deferred):
             return deferred
         try:
-            await _in_thread(self.store.sync)
+            await in_thread(self.store.sync)
         except StoreError as exc:
             self.log.error("store.sync_failed", code=exc.code, error=exc.message)
             return [Out(a.conn, Error(exc.code, exc.message, a.frame.id))
@@ -1549,9 +1534,9 @@ class BrokerNode:
                         frames.append(frame)
         if not wanted:
             return
-        # _in_thread, not trio.to_thread: no cancellation point inside a batch (see
+        # in_thread, not trio.to_thread: no cancellation point inside a batch (see
         # ``_inline_batch``)
-        bodies = await _in_thread(self.store.load_bodies, list(wanted))
+        bodies = await in_thread(self.store.load_bodies, list(wanted))
         missing = [k for k in wanted if k not in bodies]
         if missing:
             self.log.error("store.body_missing", messages=len(missing), first=missing[0])
@@ -1567,7 +1552,7 @@ class BrokerNode:
         cursor (core/broker.py).  A failed read leaves the backlog in the store; the core
         asks again when its page next runs low."""
         try:
-            msgs, cursor, exhausted = await _in_thread(   # uncancellable: as _page_in
+            msgs, cursor, exhausted = await in_thread(   # uncancellable: as _page_in
                 self.store.load_page, a.dst, a.after, a.n, a.exclude, a.first)
         except StoreError as exc:
             self.log.error("store.page_failed", dst=a.dst, error=exc.message)
@@ -1670,7 +1655,7 @@ class BrokerNode:
     async def _room(self) -> bool:
         try:
             if self._threaded_store:
-                return await _in_thread(self.store.room)
+                return await in_thread(self.store.room)
             return self.store.room()
         except StoreError as exc:
             self.log.error("store.failed", code=exc.code, error=exc.message, doing="room")
@@ -1693,7 +1678,7 @@ class BrokerNode:
             self.inline_commits += 1
             self._timed_apply(args, durable)
         else:
-            await _in_thread(self._timed_apply, args, durable)
+            await in_thread(self._timed_apply, args, durable)
         if nosync:
             self._ack_syncer.poke()   # written, not fsynced: synced within ACK_SYNC_S
 
