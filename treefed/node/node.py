@@ -21,10 +21,11 @@ The site task awaits the inbox once, then takes whatever else is already there w
 waiting — that is the *batch*.  It feeds each frame to the Site and performs the returned
 actions with the batching guarantee of ``core/actions.py``: all StoreMessage /
 DeleteMessage of the batch go to the store in ONE ``store.apply`` (group commit; in a
-worker thread, or on this task while commits are fast: ``INLINE_COMMIT_S``), and only afterwards are the batch's Outs and Closes queued to writers, so
-a Receipt always means "committed".  The ids of ``DeleteMessage(consumed=True)`` (a
-local consumer's ack) ride in the same transaction (``apply(..., consumed=)``) and
-``restore`` hands ``store.load_consumed()`` back to the broker, so a copy re-forwarded
+worker thread, or on this task while commits are fast, ``INLINE_COMMIT_S``, or small,
+``INLINE_SMALL_ROWS`` while no disk stall, ``INLINE_SMALL_COMMIT_S``), and only afterwards
+are the batch's Outs and Closes queued to writers, so a Receipt always means "committed".
+The ids of ``DeleteMessage(consumed=True)`` (a local consumer's ack) ride in the same
+transaction (``apply(..., consumed=)``) and ``restore`` hands ``store.load_consumed()`` back to the broker, so a copy re-forwarded
 after a restart is still a duplicate.  While a commit runs, new input piles up in the
 inbox and becomes the next, larger batch.  Timers (expiry) run in the same task at
 ``site.next_deadline()``.
