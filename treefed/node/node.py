@@ -25,10 +25,10 @@ worker thread, or on this task while commits are fast, ``INLINE_COMMIT_S``, or s
 ``INLINE_SMALL_ROWS`` while no disk stall, ``INLINE_SMALL_COMMIT_S``), and only afterwards
 are the batch's Outs and Closes queued to writers, so a Receipt always means "committed".
 The ids of ``DeleteMessage(consumed=True)`` (a local consumer's ack) ride in the same
-transaction (``apply(..., consumed=)``) and ``restore`` hands ``store.load_consumed()`` back to the broker, so a copy re-forwarded
-after a restart is still a duplicate.  While a commit runs, new input piles up in the
-inbox and becomes the next, larger batch.  Timers (expiry) run in the same task at
-``site.next_deadline()``.
+transaction (``apply(..., consumed=)``) and ``restore`` hands ``store.load_consumed()``
+back to the broker, so a copy re-forwarded after a restart is still a duplicate.  While a
+commit runs, new input piles up in the inbox and becomes the next, larger batch.  Timers
+(expiry) run in the same task at ``site.next_deadline()``.
 
 Inline batches (issue #14).  When the site task waits on an empty inbox, the batch lock
 is free, no batch ended within ``INLINE_GAP_S`` and the chunk is small
