@@ -7,7 +7,12 @@ engines) performs them *in order*, with one batching guarantee that the core rel
     are committed to the message store before any Out action of that batch is written.
 
 That is what makes a ``Receipt`` (an Out) mean "committed", and lets many messages
-share one SQLite transaction (group commit).  A ``DeleteMessage(consumed=True)`` also
+share one SQLite transaction (group commit).  One exception, which the core never
+notices: the broker shell may write the ``Deliver`` of a message stored in the batch to a
+*local client* consumer before the commit and hold the commit for that consumer's ack
+(node/node.py, ``EARLY_PROBE_S``); an ack that comes first cancels the message's
+StoreMessage and DeleteMessage together, and the batch's other Outs (its receipts) still
+wait — a Receipt then means "committed, or already consumed".  A ``DeleteMessage(consumed=True)`` also
 asks the shell to remember the id as consumed, in that same commit (duplicate detection
 across restarts, see core/broker.py).
 """

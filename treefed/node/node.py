@@ -23,7 +23,9 @@ actions with the batching guarantee of ``core/actions.py``: all StoreMessage /
 DeleteMessage of the batch go to the store in ONE ``store.apply`` (group commit; in a
 worker thread, or on this task while commits are fast, ``INLINE_COMMIT_S``, or small,
 ``INLINE_SMALL_ROWS`` while no disk stall, ``INLINE_SMALL_COMMIT_S``), and only afterwards
-are the batch's Outs and Closes queued to writers, so a Receipt always means "committed".
+are the batch's Outs and Closes queued to writers, so a Receipt always means "committed"
+(or "consumed": a batch whose stored messages all go to local client consumers has their
+Delivers written first and may hold its commit for their acks, ``EARLY_PROBE_S``).
 The ids of ``DeleteMessage(consumed=True)`` (a local consumer's ack) ride in the same
 transaction (``apply(..., consumed=)``) and ``restore`` hands ``store.load_consumed()``
 back to the broker, so a copy re-forwarded after a restart is still a duplicate.  While a
@@ -240,6 +242,20 @@ ACK_HOLD_IDS = 256
 #: while the site task was busy), every chunk goes to the site task for this many seconds
 #: (renewed while it goes on): concurrent senders keep their group commit.
 CROWDED_S = 0.01
+#: Concurrent store and dispatch (issue #14, session 11).  A batch whose every stored
+#: message goes to a local client consumer (a synchronous producer's send, say) has those
+#: Delivers written at once, before the commit, and its commit held while that
+#: consumer's ack is expected to come sooner than the commit would take (the acks' own
+#: delay, a moving average, under the store's insert commit time): an ack that comes in
+#: time takes the message's insert and delete out of the transaction together, so a
+#: message consumed at once never touches the disk and its receipt says "consumed"
+#: instead of "committed" — what ActiveMQ's concurrentStoreAndDispatchQueues does.  The
+#: held batch is committed, whatever is left of it, with the next batch, or at its
+#: deadline (the insert commit time; trio's timer rounds it up to a millisecond).  Its
+#: other Outs (receipts) stay behind the commit, so a receipt still means "committed or
+#: consumed".  A consumer whose acks come later than a commit is not waited for; one
+#: held batch per ``EARLY_PROBE_S`` tries again.
+EARLY_PROBE_S = 1.0
 
 _EOF = object()          # inbox marker: the peer closed or the socket broke
 _PENDING, _CLIENT, _LINK = "pending", "client", "link"
@@ -336,6 +352,46 @@ def _forwards_only(stores: list, deferred: list) -> bool:
             if kind is ForwardAck:
                 acked.update(a.frame.ids)
     return all(m.id in acked for m in stores)
+
+
+@dataclasses.dataclass(slots=True)
+class _Early:
+    """A batch whose Delivers left before its commit, held for its consumers' acks
+    (``EARLY_PROBE_S``): the store work and the Outs still to come, when it was held
+    (``perf_counter``) and when it must be committed at the latest (epoch seconds)."""
+
+    stores: list
+    deletes: list
+    consumed: list
+    deferred: list
+    at: float
+    due: float
+
+
+def _early_delivers(stores: list, deferred: list, conns: dict) -> tuple[list, list] | None:
+    """Split a batch's Outs into the Delivers of its stored messages to local client
+    consumers and the rest, or None when the batch is not one to deliver before its
+    commit: it stores a message that no local client gets, or answers anything but with
+    a Receipt or a Deliver (a forward, a link's ack, a close)."""
+    ids = {m.id for m in stores}
+    early: list = []
+    rest: list = []
+    for a in deferred:
+        if type(a) is not Out:
+            return None
+        kind = type(a.frame)
+        if kind is Deliver and a.frame.msg in ids:
+            c = conns.get(a.conn)
+            if c is None or c.kind is not _CLIENT:
+                return None
+            early.append(a)
+        elif kind is Receipt or kind is Deliver:
+            rest.append(a)
+        else:
+            return None
+    if len({a.frame.msg for a in early}) != len(ids):
+        return None
+    return early, rest
 
 
 class _Conn:
@@ -531,6 +587,14 @@ class BrokerNode:
         self._sync_held_ids = 0     # message ids in ``_sync_held``
         self.commit_seconds = 1.0   # moving average of commit durations (starts "slow")
         self.inline_commits = 0     # commits run on the site task (stat, tests)
+        # concurrent store and dispatch (EARLY_PROBE_S): the batch held for its acks,
+        # the acks' moving delay, an insert commit's moving time, the last held batch
+        self._early: _Early | None = None
+        self._ack_wait = 0.0
+        self._insert_seconds = INLINE_SMALL_COMMIT_S
+        self._early_probe = 0.0
+        self.early_held = 0         # batches held for their consumers' acks (stat, tests)
+        self.early_cancelled = 0    # messages whose ack came first: never written
         self.started = time.time()  # monitoring: uptime
         self.heartbeat_misses = 0   # connections torn down for an unanswered ping
         self.monitor: Any = None    # treefed.monitor.Monitor when [monitor] listen is set
@@ -635,6 +699,8 @@ class BrokerNode:
         with trio.move_on_after(timeout):
             # let the batch in hand commit and queue its receipts, then start no other
             await self._batch_lock.acquire()
+            if self._early is not None:   # one held for its acks: committed now
+                await self._perform([], time.time())
             for c in list(self._conns.values()):
                 if not c.closing:
                     c.queue(Bye("broker shutting down"))
@@ -1008,6 +1074,8 @@ class BrokerNode:
             acks_due = min(c.acks_at for c in self._held) + ACK_HOLD_S
             if deadline is None or acks_due < deadline:
                 deadline = acks_due
+        if self._early is not None and (deadline is None or self._early.due < deadline):
+            deadline = self._early.due   # a batch held for its acks (EARLY_PROBE_S)
         return deadline
 
     async def _handle_batch(self, batch: list, deadline: float | None) -> None:
@@ -1031,7 +1099,7 @@ class BrokerNode:
         if self._inbox_bytes < INBOX_BYTES:
             self._inbox_room.set()
             self._inbox_room = trio.Event()
-        if actions:
+        if actions or (self._early is not None and now >= self._early.due):
             await self._perform(actions, now)
         if self._held:
             self._acks_due(now)
@@ -1305,7 +1373,8 @@ class BrokerNode:
         conns = self._conns
         pending_cap = self.config.broker.max_pending_bytes_per_connection
         touched: dict = {}   # connections that got frames, in order
-        while actions:
+        first = True
+        while actions or (first and self._early is not None):
             stores: list = []
             deletes: list = []
             consumed: list = []
@@ -1346,6 +1415,21 @@ class BrokerNode:
                     pages.append(a)
             if logs:
                 self._event_logs(logs)
+            if first:
+                first = False
+                if self._early is not None:   # the held batch goes first (its acks?)
+                    stores, deletes, consumed, deferred = self._unhold(
+                        stores, deletes, consumed, deferred, now)
+                if stores and not pages and self._may_hold():
+                    split = _early_delivers(stores, deferred, conns)
+                    if split is not None:
+                        # the Delivers now, the commit and the rest when the acks came
+                        deferred, rest = split
+                        self.early_held += 1
+                        began = time.perf_counter()
+                        self._early = _Early(stores, deletes, consumed, rest, began,
+                                             now + self._insert_seconds)
+                        stores, deletes, consumed = [], [], []
             refused = None
             if self._pageable:
                 await self._page_in(stores, deferred)
@@ -1441,6 +1525,49 @@ class BrokerNode:
         if self._threaded_store and self._checkpoint_due():
             # the receipts are queued: the writers send them while the WAL is copied
             await in_thread(self.store.checkpoint)
+
+    def _may_hold(self) -> bool:
+        """Whether a batch may deliver before its commit and wait for the acks
+        (``EARLY_PROBE_S``): a real store with room, and acks that have been coming
+        sooner than an insert commits -- or a probe, once per EARLY_PROBE_S.  (Paging
+        is no obstacle: a body is paged out only after a commit, and every commit takes
+        the held batch along first.)"""
+        if not self._threaded_store or self.store_full or self._stopping:
+            return False
+        if self._ack_wait < self._insert_seconds:
+            return True
+        t = time.perf_counter()
+        if t - self._early_probe < EARLY_PROBE_S:
+            return False
+        self._early_probe = t
+        return True
+
+    def _unhold(self, stores: list, deletes: list, consumed: list, deferred: list,
+                now: float) -> tuple[list, list, list, list]:
+        """Merge the held batch in front of this one: a delete of a message it holds
+        (its consumer's ack came first) takes the insert out with it -- neither reaches
+        the store; the consumed id still does -- and the acks' delay feeds the average
+        that decides whether to hold again."""
+        e = self._early
+        self._early = None
+        held = {m.id: m for m in e.stores}
+        waited = time.perf_counter() - e.at
+        kept = []
+        for d in deletes:
+            m = held.get(d[0])
+            if m is not None and m.dst == d[1]:
+                del held[d[0]]
+                self._ack_wait += (waited - self._ack_wait) * 0.1
+            else:
+                kept.append(d)
+        if len(held) < len(e.stores):
+            self.early_cancelled += len(e.stores) - len(held)
+            e.stores = [m for m in e.stores if m.id in held]
+        if held and now >= e.due:   # the deadline came first: a late ack
+            self._ack_wait += (max(waited, 2 * self._insert_seconds)
+                               - self._ack_wait) * 0.1
+        return (e.stores + stores, e.deletes + kept, e.consumed + list(consumed),
+                e.deferred + deferred)
 
     def _release_acks(self, c: _Conn) -> None:
         """Queue ``c``'s held ForwardAck ids as one frame (ACK_HOLD_S)."""
@@ -1694,6 +1821,8 @@ class BrokerNode:
         finally:
             took = time.perf_counter() - began
             self.commit_seconds += (took - self.commit_seconds) * 0.2
+            if durable and args[0]:   # an insert's fsync: what a held batch would wait
+                self._insert_seconds += (took - self._insert_seconds) * 0.2
 
     def _log_event(self, a: Log) -> None:
         if self._event_sink is not None:
@@ -1871,6 +2000,8 @@ class BrokerNode:
         stats["batches"] = self.batches
         stats["commits"] = self.commits
         stats["inline_commits"] = self.inline_commits
+        stats["early_held"] = self.early_held             # concurrent store and dispatch
+        stats["early_cancelled"] = self.early_cancelled   # consumed before their commit
         stats["store_full"] = self.store_full
         stats["gc"] = gc_statistics()   # the process's collector (node/gcwatch.py)
         if self._auth is not None or self._tree_scope is not None:
