@@ -253,7 +253,8 @@ class Subscription:
     in delivery order; an ack of the oldest one becomes, or extends, one cumulative Ack
     frame that is still the last frame queued, so a burst acked in order leaves as ONE
     frame.  Nothing waits for a timer: the frame goes out whenever the writer next runs,
-    exactly when a per-message ack would have.  An ack out of order, and every nack,
+    exactly when a per-message ack would have -- or at once when it is lone (nothing else
+    delivered and waiting, nothing queued).  An ack out of order, and every nack,
     is sent on its own (and the id skipped when the acks in order reach it), so acking
     messages singly and in any order keeps its meaning.  Once half the prefetch is
     covered by the frame in hand, the next ``receive`` yields so it leaves and the
@@ -318,9 +319,17 @@ class Subscription:
                         self._ack = None
                         self._ack_yield = True
                     return
-                self._ack = Ack(self.id, msg_id, True)
+                ack = self._ack = Ack(self.id, msg_id, True)
                 self._ack_count = 1
-                conn._queue(self._ack)
+                if self._queue or out:   # more to ack soon, or frames queued: the writer
+                    conn._queue(ack)
+                else:
+                    # a lone ack (nothing else delivered or queued): written now, from
+                    # this task, when the writer is idle -- a broker holding a commit for
+                    # it (concurrent store and dispatch) waits no writer wake-up (#14)
+                    out.append(ack)
+                    if not conn._write_now():
+                        conn._wake.set()
                 return
         elif unsettled:
             self._skipped.add(msg_id)
