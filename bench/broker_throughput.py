@@ -18,7 +18,10 @@ What it measures (one JSON line on stdout):
   trip's p50/p99 and the broker's CPU per message.  ActiveMQ 5.17's figure for the same
   path on the same machine is ``ACTIVEMQ_SINGLE_P_SYNC`` (source below); the target is 2x.
   Each message is also delivered to a consumer that acks it, so the broker commits an
-  insert and a delete per message.  ``persistent_sync_lone_*``: the same with no
+  insert and a delete per message -- unless the consumer's ack comes before the
+  commit would end: then neither is written (concurrent store and dispatch, node/node.py
+  ``EARLY_PROBE_S``); ``persistent_sync_consumed_before_commit`` is the share of such
+  messages.  ``persistent_sync_lone_*``: the same with no
   consumer (one commit per message; the messages stay queued on their own destination).
 * ``disk_*`` — the disk's own floor, measured in the same run and directory
   (``bench/disk_floor.py``): ``pwrite`` + ``fdatasync`` and one ``SqliteStore`` commit
@@ -130,7 +133,9 @@ def _broker_proc(data_dir: str, ready: mp.Queue, ctl: Connection) -> None:
                 request = ctl.recv()
                 if request is None:
                     break
-                ctl.send(gcwatch.statistics() if request == "gc" else _cpu())
+                ctl.send(gcwatch.statistics() if request == "gc" else
+                         [node.early_held, node.early_cancelled] if request == "early"
+                         else _cpu())
             nursery.cancel_scope.cancel()
 
     trio.run(serve)
@@ -351,6 +356,11 @@ class BrokerUnderTest:
         """The broker's collector (node/gcwatch.py): passes per generation, pauses."""
         return self._ask("gc")
 
+    def early(self) -> list[int]:
+        """Batches held for their consumers' acks so far, and messages consumed before
+        their commit (node/node.py ``EARLY_PROBE_S``)."""
+        return self._ask("early")
+
     def _ask(self, what: str) -> Any:
         self.ctl.send(what)
         if not self.ctl.poll(30):
@@ -404,11 +414,14 @@ def run_sync_phase(ctx: mp.context.BaseContext, broker: BrokerUnderTest, count: 
     consumer.start()
     ready.get(timeout=30)
     cpu = broker.cpu()
+    held, cancelled = broker.early()
     producer = ctx.Process(target=_sync_producer, args=(broker.uri, count, result))
     producer.start()
     got = _collect(result, {"start", "end", "confirmed", "rtt", "producer_cpu",
                             "consumer_cpu"})
     got["broker_cpu"] = broker.cpu() - cpu
+    held2, cancelled2 = broker.early()
+    got["held"], got["cancelled"] = held2 - held, cancelled2 - cancelled
     _finish(producer, consumer)
     return got
 
@@ -490,6 +503,10 @@ def main(argv: list[str] | None = None) -> int:
         "persistent_sync_msgs_per_s": round(args.sync_count / (sp["confirmed"] - sp["start"])),
         "persistent_sync_rtt_p50_ms": _quantiles_ms(sp["rtt"])[0],
         "persistent_sync_rtt_p99_ms": _quantiles_ms(sp["rtt"])[1],
+        # delivered before the commit, then acked before it: never written (issue #14)
+        "persistent_sync_consumed_before_commit": round(sp["cancelled"] / args.sync_count,
+                                                        3),
+        "persistent_sync_held_batches": sp["held"],
         "broker_cpu_us_per_msg_persistent_sync": round(
             sp["broker_cpu"] / args.sync_count * 1e6, 2),
         "producer_cpu_us_per_msg_persistent_sync": round(
