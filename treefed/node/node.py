@@ -244,18 +244,28 @@ ACK_HOLD_IDS = 256
 CROWDED_S = 0.01
 #: Concurrent store and dispatch (issue #14, session 11).  A batch whose every stored
 #: message goes to a local client consumer (a synchronous producer's send, say) has those
-#: Delivers written at once, before the commit, and its commit held while that
-#: consumer's ack is expected to come sooner than the commit would take (the acks' own
-#: delay, a moving average, under the store's insert commit time): an ack that comes in
-#: time takes the message's insert and delete out of the transaction together, so a
-#: message consumed at once never touches the disk and its receipt says "consumed"
-#: instead of "committed" — what ActiveMQ's concurrentStoreAndDispatchQueues does.  The
-#: held batch is committed, whatever is left of it, with the next batch, or at its
-#: deadline (the insert commit time; trio's timer rounds it up to a millisecond).  Its
-#: other Outs (receipts) stay behind the commit, so a receipt still means "committed or
-#: consumed".  A consumer whose acks come later than a commit is not waited for; one
-#: held batch per ``EARLY_PROBE_S`` tries again.
+#: Delivers written at once, before the commit, and its commit held for that consumer's
+#: ack: an ack that comes in time takes the message's insert and delete out of the
+#: transaction together, so a message consumed at once never touches the disk and its
+#: receipt says "consumed" instead of "committed" -- what ActiveMQ's
+#: concurrentStoreAndDispatchQueues does.  The held batch is committed, whatever is left
+#: of it, with the next batch or at its deadline, ``EARLY_HOLD_FACTOR`` insert-commit times
+#: (a moving average; trio's timer rounds it up to a millisecond).  Its other Outs (the
+#: receipts) stay behind the commit, so a receipt means "committed or consumed".  Batches
+#: are held while the acks' own delay (a moving average) is under that deadline: where a
+#: consumer's ack takes about as long as a commit (a loopback round trip through two
+#: Python processes against one fsync), waiting for it costs no latency and saves the
+#: insert, the delete and a quarter of the broker's CPU.  A consumer whose acks come
+#: later is not waited for; one held batch per ``EARLY_PROBE_S`` tries again.
 EARLY_PROBE_S = 1.0
+EARLY_HOLD_FACTOR = 2.0
+#: The ids of messages consumed before their commit are remembered as consumed (duplicate
+#: detection after a restart, as every consumed id) in the next commit, or on their own
+#: this many seconds after the first of them, or once ``CONSUMED_LATER_IDS`` wait: a
+#: transaction of its own per message cost more broker CPU than the commit saved.  Such a
+#: commit has no fsync anyway (ack-only, ``ack_sync``).
+CONSUMED_LATER_S = 0.01
+CONSUMED_LATER_IDS = 256
 
 _EOF = object()          # inbox marker: the peer closed or the socket broke
 _PENDING, _CLIENT, _LINK = "pending", "client", "link"
@@ -595,6 +605,8 @@ class BrokerNode:
         self._early_probe = 0.0
         self.early_held = 0         # batches held for their consumers' acks (stat, tests)
         self.early_cancelled = 0    # messages whose ack came first: never written
+        self._later: list = []      # their consumed ids, for a later commit
+        self._later_due = 0.0       # when they are committed at the latest (epoch s)
         self.started = time.time()  # monitoring: uptime
         self.heartbeat_misses = 0   # connections torn down for an unanswered ping
         self.monitor: Any = None    # treefed.monitor.Monitor when [monitor] listen is set
@@ -701,6 +713,8 @@ class BrokerNode:
             await self._batch_lock.acquire()
             if self._early is not None:   # one held for its acks: committed now
                 await self._perform([], time.time())
+            if self._later:   # consumed ids not recorded yet (CONSUMED_LATER_S)
+                await self._commit([], [], [])
             for c in list(self._conns.values()):
                 if not c.closing:
                     c.queue(Bye("broker shutting down"))
@@ -1076,6 +1090,8 @@ class BrokerNode:
                 deadline = acks_due
         if self._early is not None and (deadline is None or self._early.due < deadline):
             deadline = self._early.due   # a batch held for its acks (EARLY_PROBE_S)
+        if self._later and (deadline is None or self._later_due < deadline):
+            deadline = self._later_due   # consumed ids to record (CONSUMED_LATER_S)
         return deadline
 
     async def _handle_batch(self, batch: list, deadline: float | None) -> None:
@@ -1099,7 +1115,8 @@ class BrokerNode:
         if self._inbox_bytes < INBOX_BYTES:
             self._inbox_room.set()
             self._inbox_room = trio.Event()
-        if actions or (self._early is not None and now >= self._early.due):
+        if actions or (self._early is not None and now >= self._early.due) \
+                or (self._later and now >= self._later_due):
             await self._perform(actions, now)
         if self._held:
             self._acks_due(now)
@@ -1428,7 +1445,7 @@ class BrokerNode:
                         self.early_held += 1
                         began = time.perf_counter()
                         self._early = _Early(stores, deletes, consumed, rest, began,
-                                             now + self._insert_seconds)
+                                             now + EARLY_HOLD_FACTOR * self._insert_seconds)
                         stores, deletes, consumed = [], [], []
             refused = None
             if self._pageable:
@@ -1439,6 +1456,12 @@ class BrokerNode:
                 refused = await self._commit(stores, deletes, consumed, durable=not lazy)
                 if refused is None and self._pageable:
                     self.site.broker.page_out()
+            elif consumed:
+                # only the ids of messages consumed before their commit (EARLY_PROBE_S):
+                # nothing for the receipts to wait for (CONSUMED_LATER_S)
+                if not self._later:
+                    self._later_due = now + CONSUMED_LATER_S
+                self._later += consumed
             more: list = []
             if refused is not None:
                 deferred = self._take_back(refused, stores, deferred, now, more)
@@ -1522,6 +1545,9 @@ class BrokerNode:
         for c in acks_only:
             if c.closing or not self._write_now(c):
                 c.wake.set()
+        if self._later and (now >= self._later_due
+                            or len(self._later) >= CONSUMED_LATER_IDS):
+            await self._commit([], [], [])   # it takes them along
         if self._threaded_store and self._checkpoint_due():
             # the receipts are queued: the writers send them while the WAL is copied
             await in_thread(self.store.checkpoint)
@@ -1534,7 +1560,7 @@ class BrokerNode:
         the held batch along first.)"""
         if not self._threaded_store or self.store_full or self._stopping:
             return False
-        if self._ack_wait < self._insert_seconds:
+        if self._ack_wait < EARLY_HOLD_FACTOR * self._insert_seconds:
             return True
         t = time.perf_counter()
         if t - self._early_probe < EARLY_PROBE_S:
@@ -1564,7 +1590,7 @@ class BrokerNode:
             self.early_cancelled += len(e.stores) - len(held)
             e.stores = [m for m in e.stores if m.id in held]
         if held and now >= e.due:   # the deadline came first: a late ack
-            self._ack_wait += (max(waited, 2 * self._insert_seconds)
+            self._ack_wait += (max(waited, 2 * EARLY_HOLD_FACTOR * self._insert_seconds)
                                - self._ack_wait) * 0.1
         return (e.stores + stores, e.deletes + kept, e.consumed + list(consumed),
                 e.deferred + deferred)
@@ -1723,6 +1749,9 @@ class BrokerNode:
         acked message must not come back after a restart — and refuses persistent input
         at the door until a later commit succeeds (deletes make room)."""
         self.commits += 1
+        if self._later:   # consumed before their commit (CONSUMED_LATER_S): ride along
+            consumed = self._later + list(consumed)
+            self._later = []
         unsaved_deletes, unsaved_consumed = self._unsaved
         if unsaved_deletes or unsaved_consumed:   # refused earlier: retried first
             deletes = unsaved_deletes + list(deletes)
