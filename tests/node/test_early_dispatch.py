@@ -53,21 +53,31 @@ async def _consume(sub, n: int, got: list, *, ack_after: float = 0.0) -> None:
         msg.ack_nowait()
 
 
-async def test_a_message_acked_before_its_commit_never_reaches_the_store(
-        nursery, tmp_path):
-    store = _SlowStore(tmp_path / "d", delay=0.02)
+async def _one_at_a_time(nursery, tmp_path, n: int, *, delay: float,
+                         ack_after: float = 0.0) -> tuple:
+    """``n`` persistent sends one at a time (each waits for its receipt) to a queue whose
+    consumer on the same broker acks each (``ack_after`` seconds late); every message
+    arrives once, in order.  Returns the node and its store."""
+    store = _SlowStore(tmp_path / "d", delay=delay)
     node, uri = await start_node(nursery, make_config(tmp_path / "d"), store=store)
-    n = 40
     got: list = []
     with trio.fail_after(60):
         async with connect(uri) as consumer, connect(uri) as producer:
-            sub = await consumer.subscribe(DST, prefetch=10)
+            sub = await consumer.subscribe(DST, prefetch=100)
             async with trio.open_nursery() as inner:
-                inner.start_soon(_consume, sub, n, got)
-                for i in range(n):   # one at a time: each waits for its receipt
+                inner.start_soon(functools.partial(_consume, sub, n, got,
+                                                   ack_after=ack_after))
+                for i in range(n):
                     await producer.send(DST, f"m{i}".encode(), persistent=True)
                     assert not producer.unconfirmed()
     assert got == [f"m{i}".encode() for i in range(n)]   # each once, in order
+    return node, store
+
+
+async def test_a_message_acked_before_its_commit_never_reaches_the_store(
+        nursery, tmp_path):
+    n = 40
+    node, store = await _one_at_a_time(nursery, tmp_path, n, delay=0.02)
     # the base (deliver after the commit) inserted and deleted every one of them
     assert node.early_cancelled >= n // 2, (node.early_held, node.early_cancelled)
     assert store.inserted <= n - node.early_cancelled
@@ -97,18 +107,8 @@ async def test_no_ack_in_time_the_held_commit_still_confirms_and_stores(
 async def test_late_acks_are_no_longer_waited_for(nursery, tmp_path):
     """A consumer that acks later than a commit takes: after a few held batches that
     its ack missed, the broker commits at once again (one probe per EARLY_PROBE_S)."""
-    store = _SlowStore(tmp_path / "d", delay=0.005)
-    node, uri = await start_node(nursery, make_config(tmp_path / "d"), store=store)
     n = 30
-    got: list = []
-    with trio.fail_after(60):
-        async with connect(uri) as consumer, connect(uri) as producer:
-            sub = await consumer.subscribe(DST, prefetch=100)
-            async with trio.open_nursery() as inner:
-                inner.start_soon(functools.partial(_consume, sub, n, got, ack_after=0.05))
-                for i in range(n):
-                    await producer.send(DST, f"m{i}".encode(), persistent=True)
-    assert got == [f"m{i}".encode() for i in range(n)]
+    node, store = await _one_at_a_time(nursery, tmp_path, n, delay=0.005, ack_after=0.05)
     # every message was committed (no ack came within a commit's time) ...
     assert node.early_cancelled == 0 and store.inserted == n
     # ... and the broker stopped holding commits for this consumer's acks
