@@ -1555,9 +1555,9 @@ class BrokerNode:
     def _may_hold(self) -> bool:
         """Whether a batch may deliver before its commit and wait for the acks
         (``EARLY_PROBE_S``): a real store with room, and acks that have been coming
-        sooner than an insert commits -- or a probe, once per EARLY_PROBE_S.  (Paging
-        is no obstacle: a body is paged out only after a commit, and every commit takes
-        the held batch along first.)"""
+        within ``EARLY_HOLD_FACTOR`` insert commits -- or a probe, once per
+        EARLY_PROBE_S.  (Paging is no obstacle: a body is paged out, and a page read
+        back, only after a commit, and every commit takes the held batch along first.)"""
         if not self._threaded_store or self.store_full or self._stopping:
             return False
         if self._ack_wait < EARLY_HOLD_FACTOR * self._insert_seconds:
