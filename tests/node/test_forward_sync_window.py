@@ -53,5 +53,8 @@ def test_a_one_at_a_time_senders_forwards_share_each_fsync(monkeypatch):
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert not store.pending                     # every forward was synced in the end
     assert store.syncs <= forwards // 3, store.syncs   # >= 3 forwards per fsync
-    # and no forward's ack waited much past the window
-    assert max(b - a for a, b in zip([0.0, *released], released)) <= FORWARD_SYNC_S + gap
+    # and no forward's ack waited much past the window: at most the window and one gap,
+    # which it may reach exactly -- virtual times are float sums (0.0125000000000004 once
+    # failed a fresh-clone CI run), hence the nanosecond of slack
+    longest = max(b - a for a, b in zip([0.0, *released], released))
+    assert longest <= FORWARD_SYNC_S + gap + 1e-9, longest
