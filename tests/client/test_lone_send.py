@@ -101,3 +101,43 @@ async def test_a_producer_loops_sends_still_share_a_write(nursery, tmp_path, mon
         for i in range(200):
             assert (await sub.receive()).body == f"m{i}".encode()
     assert conn_mod._LONE_GAP_S <= 0.001
+
+
+async def test_a_lone_ack_is_written_by_the_acking_task_and_a_burst_still_merges(
+        nursery, tmp_path, monkeypatch):
+    """A lone ack (nothing else delivered and waiting, nothing queued) is written from
+    the acking task (issue #14, session 11: a broker holding a commit for it waits no
+    writer wake-up); a burst acked in order still leaves as one cumulative frame."""
+    node, uri = await start_node(nursery, make_config(tmp_path / "d"))
+    async with connect(uri) as cons, connect(uri) as prod:
+        sub = await cons.subscribe("queue://acks", prefetch=100)
+        written: list = []
+        write_now = cons._write_now
+
+        def spy():
+            ok = write_now()
+            written.append(ok)
+            return ok
+
+        monkeypatch.setattr(cons, "_write_now", spy)
+        for i in range(N):
+            await prod.send("queue://acks", f"m{i}".encode())
+            (await sub.receive()).ack_nowait()
+            await trio.sleep(0.002)
+        # base: every ack went through the consumer's writer (no direct write at all)
+        assert written.count(True) >= N - 2, written
+        written.clear()
+        for i in range(10):
+            await prod.send("queue://acks", f"b{i}".encode(), persistent=True,
+                            confirm=False)
+        await prod.wait_confirmed()
+        with trio.fail_after(10):
+            while sub.queued < 10:
+                await trio.sleep(0.001)
+        acks = cons._out
+        for i in range(10):
+            msg = await sub.receive()
+            assert msg.body == f"b{i}".encode()
+            msg.ack_nowait()
+        assert written == []   # the burst's acks: one frame, left to the writer
+        assert len(acks) == 1 and acks[0].upto and acks[0].msg == msg.frame.msg

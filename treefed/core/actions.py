@@ -12,9 +12,11 @@ notices: the broker shell may write the ``Deliver`` of a message stored in the b
 *local client* consumer before the commit and hold the commit for that consumer's ack
 (node/node.py, ``EARLY_PROBE_S``); an ack that comes first cancels the message's
 StoreMessage and DeleteMessage together, and the batch's other Outs (its receipts) still
-wait — a Receipt then means "committed, or already consumed".  A ``DeleteMessage(consumed=True)`` also
-asks the shell to remember the id as consumed, in that same commit (duplicate detection
-across restarts, see core/broker.py).
+wait — a Receipt then means "committed, or already consumed".
+
+A ``DeleteMessage(consumed=True)`` also asks the shell to remember the id as consumed, in
+that same commit (duplicate detection across restarts, see core/broker.py; for a message
+consumed before its commit, in the shell's next commit).
 """
 
 from __future__ import annotations
