@@ -28,6 +28,11 @@ What it measures (one JSON line on stdout):
   (median wall, CPU per op, and the rate each caps a lone sender at; measured before
   and after the one-at-a-time phases, the two medians averaged);
   ``persistent_sync_*_over_sqlite_floor`` is the one-at-a-time rate over that cap.
+* ``hop_*``, ``write_*_peer_us``, ``sync_consumer_cap_msgs_per_s`` — the loopback's own
+  floor, measured in the same run after the one-at-a-time phases (``bench/hop_floor.py``):
+  one hop between two bare Python processes, and the rate four such hops (send, Deliver,
+  ack, receipt) cap a one-at-a-time sender with a consumer at when nobody does any work;
+  ``persistent_sync_over_hop_cap`` is the broker's one-at-a-time rate over that cap.
 * ``p50_ms_at_1000`` / ``p99_ms_at_1000`` — one-way latency of non-persistent messages
   offered at 1,000 msgs/s (producer send time in a header; CLOCK_MONOTONIC is shared
   by the processes; evenly paced, bench/pacing.py), next to the bare relay's at the same
@@ -67,6 +72,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import disk_floor  # noqa: E402  (bench/disk_floor.py)
+import hop_floor  # noqa: E402  (bench/hop_floor.py)
 import pacing  # noqa: E402  (bench/pacing.py: even gaps, not trio's 1 ms timer)
 
 BODY = b"x" * 100
@@ -465,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
             sp = run_sync_phase(ctx, broker, args.sync_count)
             lone = run_lone_phase(ctx, broker, args.sync_count)
             floors.append(disk_floor.measure(data_dir, floor_n))
+            hops = hop_floor.measure(max(200, min(2000, args.sync_count // 2)))
             gc0 = broker.gc()
             switches = _ctx_switches(broker.proc.pid)
             lp = run_broker_phase(ctx, broker, lat_count, rate=1000.0)
@@ -520,6 +527,11 @@ def main(argv: list[str] | None = None) -> int:
         "producer_cpu_us_per_msg_persistent_sync_lone": round(
             lone["producer_cpu"] / args.sync_count * 1e6, 2),
         **disk_floor.combine(floors),
+        **hops,
+        # against what four loopback hops between bare processes allow (bench/hop_floor.py)
+        "persistent_sync_over_hop_cap": round(
+            args.sync_count / (sp["confirmed"] - sp["start"])
+            / hops["sync_consumer_cap_msgs_per_s"], 3),
         "activemq_single_p_sync_msgs_per_s": ACTIVEMQ_SINGLE_P_SYNC,
         "p50_ms_at_1000": p50,
         "p99_ms_at_1000": p99,
