@@ -29,10 +29,13 @@ What it measures (one JSON line on stdout):
   and after the one-at-a-time phases, the two medians averaged);
   ``persistent_sync_*_over_sqlite_floor`` is the one-at-a-time rate over that cap.
 * ``hop_*``, ``write_*_peer_us``, ``sync_consumer_cap_msgs_per_s`` — the loopback's own
-  floor, measured in the same run after the one-at-a-time phases (``bench/hop_floor.py``):
+  floor, measured in the same run before and after the one-at-a-time phases, the two
+  averaged (``bench/hop_floor.py``):
   one hop between two bare Python processes, and the rate four such hops (send, Deliver,
   ack, receipt) cap a one-at-a-time sender with a consumer at when nobody does any work;
-  ``persistent_sync_over_hop_cap`` is the broker's one-at-a-time rate over that cap.
+  ``persistent_sync_over_hop_cap`` is the broker's one-at-a-time rate over that cap;
+  ``persistent_sync_lone_cap_msgs_per_s``: two hops and one SQLite commit (the disk
+  floor's), a lone sender's cap.
 * ``p50_ms_at_1000`` / ``p99_ms_at_1000`` — one-way latency of non-persistent messages
   offered at 1,000 msgs/s (producer send time in a header; CLOCK_MONOTONIC is shared
   by the processes; evenly paced, bench/pacing.py), next to the bare relay's at the same
@@ -468,10 +471,12 @@ def main(argv: list[str] | None = None) -> int:
             # the disk's floor, before and after the one-at-a-time phases (it drifts)
             floor_n = min(500, max(50, args.sync_count // 4))
             floors = [disk_floor.measure(data_dir, floor_n)]
+            hop_n = max(200, min(1500, args.sync_count // 2))
+            hops = [hop_floor.measure(hop_n)]   # before and after too: wake-ups drift
             sp = run_sync_phase(ctx, broker, args.sync_count)
             lone = run_lone_phase(ctx, broker, args.sync_count)
             floors.append(disk_floor.measure(data_dir, floor_n))
-            hops = hop_floor.measure(max(200, min(2000, args.sync_count // 2)))
+            hops = hop_floor.combine([*hops, hop_floor.measure(hop_n)])
             gc0 = broker.gc()
             switches = _ctx_switches(broker.proc.pid)
             lp = run_broker_phase(ctx, broker, lat_count, rate=1000.0)
@@ -529,6 +534,8 @@ def main(argv: list[str] | None = None) -> int:
         **disk_floor.combine(floors),
         **hops,
         # against what four loopback hops between bare processes allow (bench/hop_floor.py)
+        "persistent_sync_lone_cap_msgs_per_s": hop_floor.commit_cap(
+            hops["hop_trio_us"], disk_floor.combine(floors)["sqlite_commit_p50_ms"]),
         "persistent_sync_over_hop_cap": round(
             args.sync_count / (sp["confirmed"] - sp["start"])
             / hops["sync_consumer_cap_msgs_per_s"], 3),

@@ -22,6 +22,10 @@ store (prefetch 1000, one ack per message, merged by the client):
   (``bench/disk_floor.py``: ``fdatasync`` and one ``SqliteStore`` commit, before and
   after the rounds): a persistent message one at a time through three stores waits for
   at least HQ's commit before its receipt, and every hop commits it again;
+* ``hop_floor`` — the loopback's own floor (``bench/hop_floor.py``, before and after the
+  rounds): one hop between two bare Python processes, and ``p_sync_cap_msgs_per_s``, the
+  rate two such hops and one SQLite commit (the disk floor's) cap a one-at-a-time sender
+  at whose receipt waits for HQ's commit, with no work done anywhere;
 * ``relay`` — the same-run baseline: three bare relay processes (decode every frame,
   re-encode it, batch per read) between the same producer and consumer, non-persistent
   throughput and latency at 1,000 msgs/s over the same three hops.
@@ -61,6 +65,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(1, str(REPO / "bench"))
 
 import disk_floor  # noqa: E402  (bench/disk_floor.py)
+import hop_floor  # noqa: E402  (bench/hop_floor.py)
 import pacing  # noqa: E402  (bench/pacing.py: even gaps, not trio's 1 ms timer)
 
 BODY = b"x" * 100
@@ -563,9 +568,12 @@ def main(argv: list[str] | None = None) -> int:
     relay: list[dict] = []
     rounds: dict[str, list[dict]] = {m: [] for m in modes}
     floors: list[dict] = []
+    hops: list[dict] = []
     try:
-        # the disk's own floor where the brokers' data dirs are, before and after
+        # the disk's own floor where the brokers' data dirs are, and the loopback's
+        # (bench/hop_floor.py), before and after
         floors.append(disk_floor.measure(str(root), 300))
+        hops.append(hop_floor.measure(1000))
         for rnd in range(max(1, args.rounds)):
             order = ["relay", *modes]
             order = order[rnd % len(order):] + order[:rnd % len(order)]
@@ -575,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     rounds[what].append(trio.run(chain_round, root, what, args, rnd))
         floors.append(disk_floor.measure(str(root), 300))
+        hops.append(hop_floor.measure(1000))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     figures = {
@@ -588,6 +597,11 @@ def main(argv: list[str] | None = None) -> int:
         "activemq": ACTIVEMQ,
         "targets": TARGETS,
         "disk_floor": disk_floor.combine(floors),
+        "hop_floor": {**hop_floor.combine(hops),
+                      # HQ's receipt: the send, HQ's commit, the receipt
+                      "p_sync_cap_msgs_per_s": hop_floor.commit_cap(
+                          hop_floor.combine(hops)["hop_trio_us"],
+                          disk_floor.combine(floors)["sqlite_commit_p50_ms"])},
         "summary": _summary(rounds, relay),
         "rounds": {"relay": relay, **rounds},
     }

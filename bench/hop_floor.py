@@ -19,7 +19,8 @@ figure can be read against what any program in this language could do here
   an inter-processor interrupt through the hypervisor);
 * ``sync_consumer_cap_msgs_per_s`` — 1 / (4 × ``hop_trio_us``): the most one-at-a-time
   sends a second with a consumer could reach if the broker, the producer and the
-  consumer did no work at all.
+  consumer did no work at all; ``commit_cap()`` gives the same for a receipt that waits
+  for a commit between two hops (a lone sender; the first broker of a chain).
 
 Every figure is the median of ``rounds`` alternated runs (the two hops, then the two
 writes).  On a shared machine the wake-up cost drifts with the neighbours: read a
@@ -202,6 +203,24 @@ def measure(count: int = 2000, rounds: int = 3) -> dict:
         got.update({mode: _writes(ctx, mode, max(1, count // 4)) for mode in writes})
         raw.append(got)
     return summarize(raw)
+
+
+def commit_cap(hop_us: float, commit_ms: float, hops: int = 2) -> int:
+    """The most one-at-a-time sends a second whose receipt waits for one commit
+    (``commit_ms``, e.g. bench/disk_floor.py's SQLite commit) between ``hops`` hops of
+    ``hop_us`` each -- a lone sender's send and receipt -- with no other work.  Pure."""
+    return round(1e6 / (hops * hop_us + commit_ms * 1e3))
+
+
+def combine(runs: list[dict]) -> dict:
+    """Several ``measure`` results as one: each time averaged, the cap recomputed."""
+    out = {key: round(statistics.fmean(r[key] for r in runs), 1)
+           for key in ("hop_blocking_us", "hop_trio_us", "write_sleeping_peer_us",
+                       "write_busy_peer_us")}
+    out["sync_consumer_cap_msgs_per_s"] = round(
+        1e6 / (SYNC_CONSUMER_HOPS * out["hop_trio_us"]))
+    out["hop_rounds"] = sum(r["hop_rounds"] for r in runs)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

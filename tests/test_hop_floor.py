@@ -54,3 +54,25 @@ def test_the_bench_prints_one_line_of_positive_figures() -> None:
     assert line["sync_consumer_cap_msgs_per_s"] == pytest.approx(
         1e6 / (4 * line["hop_trio_us"]), rel=0.01)
     assert line["hop_rounds"] == 2
+
+
+def test_runs_combine_as_means_with_the_cap_recomputed() -> None:
+    hop = _module()
+    a = {"hop_blocking_us": 60.0, "hop_trio_us": 100.0, "write_sleeping_peer_us": 30.0,
+         "write_busy_peer_us": 15.0, "sync_consumer_cap_msgs_per_s": 2500, "hop_rounds": 3}
+    b = {"hop_blocking_us": 80.0, "hop_trio_us": 150.0, "write_sleeping_peer_us": 130.0,
+         "write_busy_peer_us": 17.0, "sync_consumer_cap_msgs_per_s": 1667, "hop_rounds": 3}
+    got = hop.combine([a, b])
+    assert got["hop_blocking_us"] == 70.0
+    assert got["hop_trio_us"] == 125.0
+    assert got["write_sleeping_peer_us"] == 80.0
+    assert got["write_busy_peer_us"] == 16.0
+    assert got["sync_consumer_cap_msgs_per_s"] == 2000   # four hops of 125 us
+    assert got["hop_rounds"] == 6
+
+
+def test_a_commit_between_two_hops_caps_a_lone_sender() -> None:
+    hop = _module()
+    # 2 x 100 us + 0.3 ms = 500 us a message
+    assert hop.commit_cap(100.0, 0.3) == 2000
+    assert hop.commit_cap(100.0, 0.3, hops=4) == round(1e6 / 700)
