@@ -193,6 +193,28 @@ def _text_item(s: str) -> bytes:
     return item
 
 
+def _reply_item(reply_to: object) -> bytes | None:
+    """A hand-built frame's ``reply_to`` item: null, or a text string; None for any
+    other value (the caller falls back to the generic path)."""
+    if reply_to is None:
+        return b"\xf6"
+    if type(reply_to) is str:
+        b = reply_to.encode()
+        return (_TEXT[len(b)] if len(b) < 256 else _head(0x60, len(b))) + b
+    return None
+
+
+def _headers_item(headers: dict) -> bytes | None:
+    """A hand-built frame's ``headers`` item (an empty map costs no encoder call); None
+    when cbor2 cannot encode them: the generic path then refuses the frame, naming it."""
+    if not headers:
+        return b"\xa0"
+    try:
+        return _dumps(headers)
+    except (cbor2.CBOREncodeError, TypeError, ValueError):
+        return None
+
+
 def _deliver_cbor(f: Deliver) -> bytes | None:
     """A Deliver's CBOR, built by hand: the broker writes one per message, and cbor2
     spends most of its time calling its output's ``write`` once per item.  Covers the
@@ -208,20 +230,12 @@ def _deliver_cbor(f: Deliver) -> bytes | None:
             or not (0 <= priority < 24 and 0 <= redelivered < 24)
             or not (ts and -_INF < ts < _INF and -_INF < exp < _INF)):
         return None
-    if reply_to is None:
-        reply = b"\xf6"
-    elif type(reply_to) is str:
-        b = reply_to.encode()
-        reply = (_TEXT[len(b)] if len(b) < 256 else _head(0x60, len(b))) + b
-    else:
+    reply = _reply_item(reply_to)
+    if reply is None:
         return None
-    if headers:
-        try:
-            head_b = _dumps(headers)
-        except (cbor2.CBOREncodeError, TypeError, ValueError):
-            return None   # the generic path refuses it, naming the frame
-    else:
-        head_b = b"\xa0"
+    head_b = _headers_item(headers)
+    if head_b is None:
+        return None
     msg_b = msg.encode()
     m = len(msg_b)
     k = len(body)
@@ -282,20 +296,12 @@ def _forward_cbor(f: Forward) -> bytes | None:
         return None
     if path_b is None:
         return None
-    if reply_to is None:
-        reply = b"\xf6"
-    elif type(reply_to) is str:
-        b = reply_to.encode()
-        reply = (_TEXT[len(b)] if len(b) < 256 else _head(0x60, len(b))) + b
-    else:
+    reply = _reply_item(reply_to)
+    if reply is None:
         return None
-    if headers:
-        try:
-            head_b = _dumps(headers)
-        except (cbor2.CBOREncodeError, TypeError, ValueError):
-            return None   # the generic path refuses it, naming the frame
-    else:
-        head_b = b"\xa0"
+    head_b = _headers_item(headers)
+    if head_b is None:
+        return None
     msg_b = msg.encode()
     m = len(msg_b)
     k = len(body)
@@ -334,23 +340,15 @@ def _send_cbor(f: Send) -> bytes | None:
          type(ttl), type(receipt)) != _SEND_TYPES
             or not (0 <= priority < 24 and 0 <= ttl < 0x100000000)):
         return None
-    if reply_to is None:
-        reply = b"\xf6"
-    elif type(reply_to) is str:
-        b = reply_to.encode()
-        reply = (_TEXT[len(b)] if len(b) < 256 else _head(0x60, len(b))) + b
-    else:
+    reply = _reply_item(reply_to)
+    if reply is None:
         return None
     # the fields present: up to the last one that is not its default
     n = (9 if receipt else 8 if reply_to is not None else 7 if ttl else
          6 if priority != 4 else 5 if persistent else 4 if body else 3 if headers else 2)
-    if headers:
-        try:
-            head_b = _dumps(headers)
-        except (cbor2.CBOREncodeError, TypeError, ValueError):
-            return None   # the generic path refuses it, naming the frame
-    else:
-        head_b = b"\xa0"
+    head_b = _headers_item(headers)
+    if head_b is None:
+        return None
     msg_b = msg.encode()
     m = len(msg_b)
     k = len(body)
