@@ -86,6 +86,16 @@ DEST = "queue://bench.throughput"
 ACTIVEMQ_SINGLE_P_SYNC = 3_508
 
 
+#: ``--idle-poll-us``: the broker's ``[broker] idle_poll_us`` and the clients'
+#: ``idle_poll_us`` (transport/idlepoll.py), passed to the spawned processes in the
+#: environment; 0 (the default) = off, as a broker and a client are by default
+IDLE_POLL_ENV = "TREEFED_BENCH_IDLE_POLL_US"
+
+
+def _idle_poll_us() -> int:
+    return int(os.environ.get(IDLE_POLL_ENV, "0"))
+
+
 # --------------------------------------------------------------------------- processes
 
 def _cpu() -> float:
@@ -125,7 +135,8 @@ def _broker_proc(data_dir: str, ready: mp.Queue, ctl: Connection) -> None:
     configure_logging("warning")
     config = parse_config({"broker": {"id": "bench", "data_dir": data_dir,
                                       "listen": ["tcp://127.0.0.1:0"],
-                                      "heartbeat_interval": 0.0},
+                                      "heartbeat_interval": 0.0,
+                                      "idle_poll_us": _idle_poll_us()},
                            "logging": {"level": "warning"}})
     store = SqliteStore(data_dir)
 
@@ -241,7 +252,8 @@ def _consumer(uri: str, count: int, ready: mp.Queue, result: mp.Queue,
     from treefed.client import connect
 
     async def consume() -> None:
-        async with connect(uri, client_id="bench-consumer") as conn:
+        async with connect(uri, client_id="bench-consumer",
+                           idle_poll_us=_idle_poll_us()) as conn:
             sub = await conn.subscribe(DEST, prefetch=1000)
             if latency:
                 pacing.settle_heap()   # its collector walks only what the phase makes
@@ -270,7 +282,8 @@ def _sync_producer(uri: str, count: int, result: mp.Queue, dest: str = DEST) -> 
     from treefed.client import connect
 
     async def produce() -> None:
-        async with connect(uri, client_id="bench-sync-producer") as conn:
+        async with connect(uri, client_id="bench-sync-producer",
+                           idle_poll_us=_idle_poll_us()) as conn:
             result.put(("start", time.monotonic()))
             cpu = _cpu()
             rtt = []
@@ -291,7 +304,8 @@ def _producer(uri: str, count: int, persistent: bool, rate: float, result: mp.Qu
     from treefed.client import connect
 
     async def produce() -> None:
-        async with connect(uri, client_id="bench-producer") as conn:
+        async with connect(uri, client_id="bench-producer",
+                           idle_poll_us=_idle_poll_us()) as conn:
             if rate:
                 pacing.settle_heap()   # its collector walks only what the phase makes
             result.put(("start", time.monotonic()))
@@ -452,7 +466,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3,
                         help="relay / non-persistent broker phases, alternated; medians "
                              "are reported (a shared machine's load drifts)")
+    parser.add_argument("--idle-poll-us", type=int, default=0,
+                        help="the broker's and the clients' idle_poll_us (default 0: off)")
     args = parser.parse_args(argv)
+    os.environ[IDLE_POLL_ENV] = str(args.idle_poll_us)   # for the spawned processes
     ctx = mp.get_context("spawn")
     n = args.count
     lat_count = int(1000 * args.latency_seconds)
@@ -504,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         "body_bytes": len(BODY),
         "cpus": os.cpu_count(),
         "loadavg_1m": round(os.getloadavg()[0], 2),
+        "idle_poll_us": args.idle_poll_us,
         "baseline_relay_msgs_per_s": round(relay_rate),
         "nonpersistent_msgs_per_s": round(nonpersistent),
         "nonpersistent_over_baseline": round(statistics.median(ratios), 3),

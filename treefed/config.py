@@ -103,6 +103,8 @@ class BrokerSection:
     #                                  consumers take them (ActiveMQ's maxPageSize); 0 = all
     idle_destination_seconds: float = 300.0  # an empty destination without consumers of
     #                                  its own is forgotten after this long; 0 = never
+    idle_poll_us: int = 0            # poll up to this long after a read instead of sleeping
+    #                                  (transport/idlepoll.py: CPU for latency); 0 = off
 
 
 @dataclass(frozen=True, slots=True)
@@ -550,6 +552,7 @@ _BROKER: dict[str, tuple[Checker, Any]] = {
     "max_page_messages": (_int(0), 200),
     "max_queue_memory_bytes": (_int(0), 1024 * 1024),
     "idle_destination_seconds": (_number(0.0), 300.0),
+    "idle_poll_us": (_int(0, 10_000), 0),   # transport/idlepoll.py MAX_US
 }
 
 def _log_level(value: Any, key: str) -> str:

@@ -66,6 +66,7 @@ from treefed.errors import (DestinationError, FrameError, LimitError, LocalError
 from treefed.transport.backoff import backoff_for
 from treefed.transport.uri import Endpoint, Failover, parse_uri
 from treefed.transport.framed import FramedStream
+from treefed.transport.idlepoll import IdlePoller
 from treefed.transport.streams import open_tcp
 from treefed.wire.codec import DEFAULT_MAX_FRAME, check_hello
 from treefed.wire.ids import SCOPE_SEP, original
@@ -403,7 +404,7 @@ class Connection:
                  max_frame: int = DEFAULT_MAX_FRAME, high_water: int = 8192,
                  max_unconfirmed: int = 8192, username: str | None = None,
                  password: str | None = None, ssl_context: ssl.SSLContext | None = None,
-                 hello_timeout: float = HELLO_TIMEOUT) -> None:
+                 hello_timeout: float = HELLO_TIMEOUT, idle_poll_us: int = 0) -> None:
         target = parse_uri(uri)
         if not isinstance(target, (Endpoint, Failover)):
             raise LocalError(f"{uri!r}: a client connects to tcp://, ssl:// or failover:",
@@ -418,6 +419,9 @@ class Connection:
         #                                           a treefed broker (an HTTP server, a
         #                                           silent port): a clear error, in time
         self.last_error: BaseException | None = None   # why the last attempt failed
+        # poll up to idle_poll_us after a read instead of sleeping (transport/idlepoll.py;
+        # CPU for latency, e.g. a one-at-a-time sender waiting for its receipts); 0 = off
+        self.poller = IdlePoller(idle_poll_us) if idle_poll_us else None
         self._producer = f"{client_id or 'p'}-{uuid.uuid4().hex[:12]}"
         # secret sent in every hello: the broker scopes our message ids by its hash, so
         # nobody else can squat them and our resends after a failover stay duplicates
@@ -829,6 +833,7 @@ class Connection:
     async def _open(self, endpoint: Endpoint) -> tuple:
         stream = await open_tcp(endpoint, ssl_context=self._ssl_context)
         framed = FramedStream(stream, self._max_frame, receive_size=_RECEIVE_SIZE)
+        framed.poller = self.poller
         try:
             await framed.send_frame(Hello(PROTOCOL_VERSION, "client", name=self.client_id,
                                           username=self._username,
@@ -1058,7 +1063,9 @@ async def connect(uri: str, *, client_id: str | None = None, username: str | Non
     RemoteError(code="auth_failed")); ``ssl_context`` is used for ``ssl://`` URIs (e.g.
     ``transport.tls.client_context(ca=...)``; default: the system CAs).  ``options``:
     ``max_frame``, ``high_water``, ``max_unconfirmed``, ``hello_timeout`` (seconds a
-    peer has to answer our hello; longer means it is no treefed broker) and
+    peer has to answer our hello; longer means it is no treefed broker), ``idle_poll_us``
+    (poll up to that long after each read instead of sleeping: CPU for latency,
+    transport/idlepoll.py; 0, the default, never polls) and
     ``connect_timeout`` (seconds for the first connection, retries included; default
     none: a failover URI retries per its options).  Raises ConnectionClosed when no
     broker can be reached, the broker's RemoteError when it refuses our hello."""
@@ -1068,6 +1075,8 @@ async def connect(uri: str, *, client_id: str | None = None, username: str | Non
     failure = None
     try:
         async with trio.open_nursery() as nursery:
+            if conn.poller is not None:
+                nursery.start_soon(conn.poller.run)
             # the supervisor reports a failed first connection instead of raising it,
             # so it reaches the caller as itself rather than inside an ExceptionGroup
             with trio.move_on_after(math.inf if connect_timeout is None
@@ -1085,6 +1094,8 @@ async def connect(uri: str, *, client_id: str | None = None, username: str | Non
                         await conn.aclose()
                     finally:
                         nursery.cancel_scope.cancel()
+            elif conn.poller is not None:
+                nursery.cancel_scope.cancel()   # its task would hold the nursery open
     except BaseExceptionGroup as group:
         # Background tasks never raise, so a group holds the body's own exception:
         # give it back unwrapped, as a plain `async with` would.

@@ -159,6 +159,7 @@ from treefed.node.login import LoginGate
 from treefed.security.guard import Guard
 from treefed.transport.backoff import backoff_for
 from treefed.transport.framed import FramedStream
+from treefed.transport.idlepoll import IdlePoller
 from treefed.node.late_writer import ConnTasks, LateStart, LateWriter
 from treefed.transport.memory import FrameEnd, aclose_forcefully
 from treefed.transport.streams import connect_with_retry, open_tcp, peer_address, serve_tcp
@@ -590,6 +591,9 @@ class BrokerNode:
         # ack-only commits are fsynced within ACK_SYNC_S, off the receipt path (#14)
         self._ack_syncer = (AckSyncer(self.store, self.log, on_synced=self._release_held)
                             if getattr(self.store, "deferred_sync", False) else None)
+        # [broker] idle_poll_us: poll after reads instead of sleeping (opt-in, #14)
+        self._poller = (IdlePoller(config.broker.idle_poll_us)
+                        if config.broker.idle_poll_us else None)
         # received forwards are committed without an fsync and their ForwardAcks held
         # until the syncer's group fsync covers them (#14, "Forwards synced in groups")
         self._group_forwards = self._ack_syncer is not None
@@ -697,6 +701,8 @@ class BrokerNode:
                     functools.partial(self._start_watch_space, nursery))
             if self._ack_syncer is not None:
                 nursery.start_soon(self._ack_syncer.run)
+            if self._poller is not None:
+                nursery.start_soon(self._poller.run)
             task_status.started(list(self.addresses))
             await self._stopped.wait()
             nursery.cancel_scope.cancel()
@@ -754,8 +760,11 @@ class BrokerNode:
         else:
             framed_cls = FramedStream
         # an in-process frame link (transport/memory.py) carries frames already
-        framed = stream if type(stream) is FrameEnd \
-            else framed_cls(stream, self.config.broker.max_frame_bytes)
+        if type(stream) is FrameEnd:
+            framed = stream
+        else:
+            framed = framed_cls(stream, self.config.broker.max_frame_bytes)
+            framed.poller = self._poller
         c = _Conn(self._new_id(), framed, remote, dialer)
         if dialer is not None:
             hello = self.site.hello(dialer.settings)
@@ -2032,6 +2041,8 @@ class BrokerNode:
         stats["early_held"] = self.early_held             # concurrent store and dispatch
         stats["early_cancelled"] = self.early_cancelled   # consumed before their commit
         stats["store_full"] = self.store_full
+        if self._poller is not None:   # [broker] idle_poll_us
+            stats["idle_poll"] = self._poller.statistics()
         stats["gc"] = gc_statistics()   # the process's collector (node/gcwatch.py)
         if self._auth is not None or self._tree_scope is not None:
             stats["security"] = {

@@ -61,6 +61,7 @@ class StompStream:
         self._pending_error: FrameError | None = None   # raised after the frames before it
         self._inject: Callable[[list], Awaitable[None]] | None = None
         self._hb_changed = trio.Event()
+        self.poller = None   # an IdlePoller told of every read (transport/idlepoll.py)
 
     def start(self, nursery: trio.Nursery,
               inject: Callable[[list], Awaitable[None]]) -> None:
@@ -100,6 +101,8 @@ class StompStream:
                     pass
                 raise trio.EndOfChannel("STOMP session ended")
             data = await self._receive_some()
+            if data and self.poller is not None:
+                self.poller.poke()
             if not data:
                 if decoder.buffered:
                     raise FrameError(f"connection closed inside a STOMP frame "

@@ -14,6 +14,9 @@ Theory of operation
   trio stream it must not be called from two tasks at once: a connection has one writer
   task that drains its queue into this call.
 
+``poller``: an ``IdlePoller`` (transport/idlepoll.py) whose ``poke()`` every read that
+returned bytes calls; None (the default) for none.
+
 Transport failures surface as trio's ``BrokenResourceError`` / ``ClosedResourceError``.
 
 Writing without a task hop (issue #14).  ``send_now(frames)`` is the synchronous path for
@@ -60,7 +63,7 @@ class FramedStream:
     """A trio stream that carries treefed frames."""
 
     __slots__ = ("stream", "receive_size", "_decoder", "pending", "_sending", "_sock",
-                 "_pipe", "_drained")
+                 "_pipe", "_drained", "poller")
     protocol = "treefed"    # what ``stat`` shows (node/stomp_conn.py: "stomp")
 
     def __init__(self, stream: trio.abc.Stream, max_frame: int = DEFAULT_MAX_FRAME, *,
@@ -75,6 +78,7 @@ class FramedStream:
         # or the in-process pipe it may append to (transport/memory.py)
         self._pipe = stream if type(stream) is PipeStream else None
         self._drained = False   # the last read took less than receive_size: wait first
+        self.poller = None      # an IdlePoller told of every read (transport/idlepoll.py)
 
     async def receive_frames(self) -> list[Frame]:
         """Wait for and return every complete frame received so far (never empty).
@@ -91,6 +95,8 @@ class FramedStream:
             else:
                 data = await self.stream.receive_some(self.receive_size)
             self._drained = len(data) < self.receive_size
+            if self.poller is not None and data:
+                self.poller.poke()
             if not data:
                 if decoder.buffered:
                     raise FrameError(f"connection closed inside a frame "
