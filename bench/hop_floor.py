@@ -103,15 +103,21 @@ def _echo(port: int, mode: str) -> None:
     sock.close()
 
 
-def _ping(ctx: mp.context.BaseContext, mode: str, count: int) -> list[float]:
-    """``count`` round trips against an ``_echo(mode)`` peer; for "trio" this end runs
-    on trio too.  Returns each round trip (s)."""
+def _start_peer(ctx: mp.context.BaseContext, mode: str) -> tuple:
+    """An ``_echo(mode)`` process and this end's connected socket to it."""
     listener = _listen()
     peer = ctx.Process(target=_echo, args=(listener.getsockname()[1], mode), daemon=True)
     peer.start()
     sock, _ = listener.accept()
     listener.close()
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return peer, sock
+
+
+def _ping(ctx: mp.context.BaseContext, mode: str, count: int) -> list[float]:
+    """``count`` round trips against an ``_echo(mode)`` peer; for "trio" this end runs
+    on trio too.  Returns each round trip (s)."""
+    peer, sock = _start_peer(ctx, mode)
     fd = sock.fileno()
     clock = time.perf_counter
     rtts: list[float] = []
@@ -124,10 +130,10 @@ def _ping(ctx: mp.context.BaseContext, mode: str, count: int) -> list[float]:
                 for _ in range(count):
                     began = clock()
                     os.write(fd, BODY)
-                    while True:   # a 100-byte echo may come back in pieces
+                    got = 0
+                    while got < len(BODY):   # the echo may come back in pieces
                         await trio.lowlevel.wait_readable(sock)
-                        if len(os.read(fd, 65536)) >= len(BODY):
-                            break
+                        got += len(os.read(fd, 65536))
                     rtts.append(clock() - began)
 
             trio.run(loop)
@@ -148,12 +154,7 @@ def _ping(ctx: mp.context.BaseContext, mode: str, count: int) -> list[float]:
 def _writes(ctx: mp.context.BaseContext, mode: str, count: int) -> list[float]:
     """``count`` timed ``os.write`` calls of 100 bytes to a peer that sleeps ("sleep")
     or polls ("busy"); each waits for the echo before the next."""
-    listener = _listen()
-    peer = ctx.Process(target=_echo, args=(listener.getsockname()[1], mode), daemon=True)
-    peer.start()
-    sock, _ = listener.accept()
-    listener.close()
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    peer, sock = _start_peer(ctx, mode)
     fd = sock.fileno()
     clock = time.perf_counter
     took: list[float] = []
