@@ -286,3 +286,30 @@ class TestConfig:
                                "monitor": {"listen": "127.0.0.1:8161"}})
         again = parse_config(tomllib.loads(dump_config(config)))
         assert again.monitor == config.monitor
+
+
+class TestIdlePollMetrics:
+    async def test_a_polling_broker_exports_its_window_and_polls(self, tmp_path: Path) -> None:
+        """``[broker] idle_poll_us``: /metrics carries the window and the polls that
+        caught a read or gave up, as prometheus_client parses them; a broker that does
+        not poll exports neither."""
+        async with trio.open_nursery() as nursery:
+            node, uri, mon = await start(nursery, monitored_config(
+                tmp_path, "polled", idle_poll_us=10_000))
+            plain, _, plain_mon = await start(nursery, monitored_config(tmp_path, "plain"))
+            async with connect(uri) as conn:
+                sub = await conn.subscribe("queue://Polled", prefetch=10)
+                for i in range(60):   # one at a time: the broker's reads come in turns
+                    await conn.send("queue://Polled", b"x", persistent=True)
+                    await (await sub.receive()).ack()
+            stats = node.statistics()["idle_poll"]   # first: the counters only grow
+            assert stats["hits"] > 0, stats
+            metrics = samples((await get(f"{mon}/metrics")).text)
+            assert value(metrics, "treefed_idle_polls_total", result="hit") >= stats["hits"]
+            assert ("treefed_idle_polls_total", (("result", "miss"),)) in metrics
+            window = value(metrics, "treefed_idle_poll_window_seconds")
+            assert 0 <= window <= 0.010
+            plain_metrics = samples((await get(f"{plain_mon}/metrics")).text)
+            assert not any(name.startswith("treefed_idle_poll")
+                           for name, _ in plain_metrics)
+            nursery.cancel_scope.cancel()

@@ -207,6 +207,18 @@ class NodeCollector:
         yield GaugeMetricFamily("treefed_store_full",
                                 "1 while persistent input is refused (store full)",
                                 value=1 if node.store_full else 0)
+        poll = node.statistics_idle_poll()
+        if poll is not None:   # [broker] idle_poll_us (transport/idlepoll.py)
+            yield GaugeMetricFamily("treefed_idle_poll_window_seconds",
+                                    "How long the broker polls after a read now "
+                                    "(adapts up to idle_poll_us)",
+                                    value=poll["window_us"] / 1e6)
+            polls = CounterMetricFamily("treefed_idle_polls",
+                                        "Polls after a read: caught the next read (hit) "
+                                        "or gave up and slept (miss)", labels=["result"])
+            polls.add_metric(["hit"], poll["hits"])
+            polls.add_metric(["miss"], poll["misses"])
+            yield polls
         path = getattr(node.store, "path", None)
         if path is not None:
             disk = 0

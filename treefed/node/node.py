@@ -2026,6 +2026,10 @@ class BrokerNode:
         return [(c, b) for c in (self.connections() if conns is None else conns)
                 if c["kind"] == "link" and (b := site.bridge(c["conn"])) is not None]
 
+    def statistics_idle_poll(self) -> dict | None:
+        """``[broker] idle_poll_us``'s poller: window, hits, misses; None when off."""
+        return None if self._poller is None else self._poller.statistics()
+
     def statistics(self) -> dict:
         """The Site's statistics plus the node's own: listeners, connectors, connections."""
         stats = self.site.statistics()
@@ -2041,8 +2045,9 @@ class BrokerNode:
         stats["early_held"] = self.early_held             # concurrent store and dispatch
         stats["early_cancelled"] = self.early_cancelled   # consumed before their commit
         stats["store_full"] = self.store_full
-        if self._poller is not None:   # [broker] idle_poll_us
-            stats["idle_poll"] = self._poller.statistics()
+        poll = self.statistics_idle_poll()
+        if poll is not None:
+            stats["idle_poll"] = poll
         stats["gc"] = gc_statistics()   # the process's collector (node/gcwatch.py)
         if self._auth is not None or self._tree_scope is not None:
             stats["security"] = {
