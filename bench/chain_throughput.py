@@ -39,7 +39,10 @@ quoted in issue #14 (ActiveMQ Classic 5.17.2, Java JMS clients, same 2-vCPU mach
 100-byte messages).  Running a real ActiveMQ is the anchors harness's job.
 
     python bench/chain_throughput.py [--count N] [--sync-count M] [--latency-count L]
-                                     [--rounds R] [--modes tree,mesh]
+                                     [--rounds R] [--modes tree,mesh] [--idle-poll-us U]
+
+``--idle-poll-us``: the three brokers' ``[broker] idle_poll_us`` and the producer's and
+consumer's ``connect(..., idle_poll_us=)`` (transport/idlepoll.py; default 0, off).
 
 The producer and the consumer are two connections in this (driver) process, as the JMS
 client in the ActiveMQ run was one JVM with two connections.
@@ -155,7 +158,7 @@ class Chain:
 
     NAMES = ("hq", "region", "store1")
 
-    def __init__(self, root: Path, mode: str) -> None:
+    def __init__(self, root: Path, mode: str, idle_poll_us: int = 0) -> None:
         from treefed.config import dump_config, parse_config
 
         self.mode = mode
@@ -168,7 +171,8 @@ class Chain:
         self.configs = {}
         for name in self.NAMES:
             doc: dict = {"broker": {"id": name, "data_dir": str(self.root / f"{name}-data"),
-                                    "listen": [f"tcp://127.0.0.1:{self.ports[name]}"]},
+                                    "listen": [f"tcp://127.0.0.1:{self.ports[name]}"],
+                                    "idle_poll_us": idle_poll_us},
                          "logging": {"level": "warning",
                                      "file": str(self.root / f"{name}.log")}}
             if name in parent:
@@ -452,7 +456,7 @@ async def chain_round(root: Path, mode: str, args: argparse.Namespace, rnd: int)
 
     from treefed.client import connect
 
-    chain = Chain(root, f"{mode}-{rnd}")
+    chain = Chain(root, f"{mode}-{rnd}", args.idle_poll_us)
     chain.start()
     try:
         for name in Chain.NAMES:
@@ -463,8 +467,10 @@ async def chain_round(root: Path, mode: str, args: argparse.Namespace, rnd: int)
         await trio.sleep(2 * IDLE_TRIM_S + 1.5)   # a trim comes 1-2 intervals after the last batch
         idle = chain.rss()
         out: dict = {"rss_idle_mib": idle}
-        async with connect(chain.uri("store1"), client_id="bench-consumer") as cons, \
-                connect(chain.uri("hq"), client_id="bench-producer") as prod:
+        async with connect(chain.uri("store1"), client_id="bench-consumer",
+                           idle_poll_us=args.idle_poll_us) as cons, \
+                connect(chain.uri("hq"), client_id="bench-producer",
+                        idle_poll_us=args.idle_poll_us) as prod:
             sub = await cons.subscribe(DEST, prefetch=1000)
             # interest has to reach HQ before the first send, or it waits at HQ
             with trio.fail_after(30):
@@ -560,6 +566,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--modes", default="tree,mesh")
+    parser.add_argument("--idle-poll-us", type=int, default=0,
+                        help="the brokers' and the two clients' idle_poll_us (0: off)")
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     ctx = mp.get_context("spawn")
@@ -592,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
                    "latency_count": args.latency_count, "warmup": args.warmup,
                    "rounds": args.rounds, "body_bytes": len(BODY)},
         "cpus": os.cpu_count(),
+        "idle_poll_us": args.idle_poll_us,
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "activemq": ACTIVEMQ,
