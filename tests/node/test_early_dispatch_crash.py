@@ -7,12 +7,11 @@ still gets every message exactly once, in order."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import trio
 
 from treefed.client import connect
+from treefed.transport.ports import free_port
 
 from tests.node.helpers import BrokerProcess, wait_for, write_config
 
@@ -23,15 +22,10 @@ DST = "queue://early.crash"
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("kills", [1, 3])
 async def test_sigkill_between_delivery_and_commit(tmp_path, kills):
-    port = _free_port()
+    # restarted on the same port: one outside the ephemeral range (transport/ports.py)
+    port = free_port()
     config = write_config(tmp_path / "b.toml", "early", tmp_path / "data", port=port)
     broker = BrokerProcess(config, tmp_path / "b.log")
     uri = f"failover:(tcp://127.0.0.1:{port})?initialReconnectDelay=20&maxReconnectDelay=100"

@@ -161,4 +161,7 @@ async def main(root: Path) -> dict:
 
 
 if __name__ == "__main__":
+    from tests.worker_ports import keep_ports_to_this_worker
+
+    keep_ports_to_this_worker()       # run from a pytest-xdist worker: its share of ports
     print(json.dumps(trio.run(main, Path(sys.argv[1]))))
