@@ -260,6 +260,9 @@ CROWDED_S = 0.01
 #: later is not waited for; one held batch per ``EARLY_PROBE_S`` tries again.
 EARLY_PROBE_S = 1.0
 EARLY_HOLD_FACTOR = 2.0
+#: Held messages committed before their acks came are remembered (the newest this many)
+#: until those acks come: the delay the acks really took feeds the acks' average.
+LATE_ACKS_MAX = 256
 #: The ids of messages consumed before their commit are remembered as consumed (duplicate
 #: detection after a restart, as every consumed id) in the next commit, or on their own
 #: this many seconds after the first of them, or once ``CONSUMED_LATER_IDS`` wait: a
@@ -383,21 +386,26 @@ def _early_delivers(stores: list, deferred: list, conns: dict) -> tuple[list, li
     """Split a batch's Outs into the Delivers of its stored messages to local client
     consumers and the rest, or None when the batch is not one to deliver before its
     commit: it stores a message that no local client gets, or answers anything but with
-    a Receipt or a Deliver (a forward, a link's ack, a close)."""
+    a Receipt or a Deliver (a forward, a link's ack, a close) -- or one of those
+    Delivers would overtake an Out the core queued before it to the same connection
+    (each connection gets its frames in the core's order: a consumer re-subscribing in
+    the batch that brings the next message must get the queue's older message first)."""
     ids = {m.id for m in stores}
     early: list = []
     rest: list = []
+    later: set = set()   # connections with an Out kept for after the commit
     for a in deferred:
         if type(a) is not Out:
             return None
         kind = type(a.frame)
         if kind is Deliver and a.frame.msg in ids:
             c = conns.get(a.conn)
-            if c is None or c.kind is not _CLIENT:
+            if c is None or c.kind is not _CLIENT or a.conn in later:
                 return None
             early.append(a)
         elif kind is Receipt or kind is Deliver:
             rest.append(a)
+            later.add(a.conn)
         else:
             return None
     if len({a.frame.msg for a in early}) != len(ids):
@@ -605,6 +613,7 @@ class BrokerNode:
         # the acks' moving delay, an insert commit's moving time, the last held batch
         self._early: _Early | None = None
         self._ack_wait = 0.0
+        self._late_acks: dict = {}  # id -> when held, of held messages committed unacked
         self._insert_seconds = INLINE_SMALL_COMMIT_S
         self._early_probe = 0.0
         self.early_held = 0         # batches held for their consumers' acks (stat, tests)
@@ -1441,6 +1450,8 @@ class BrokerNode:
                     pages.append(a)
             if logs:
                 self._event_logs(logs)
+            if deletes and self._late_acks:
+                self._late_acked(deletes)
             if first:
                 first = False
                 if self._early is not None:   # the held batch goes first (its acks?)
@@ -1601,8 +1612,26 @@ class BrokerNode:
         if held and now >= e.due:   # the deadline came first: a late ack
             self._ack_wait += (max(waited, 2 * EARLY_HOLD_FACTOR * self._insert_seconds)
                                - self._ack_wait) * 0.1
+        if held:   # committed without their acks: their real delay counts when they come
+            late = self._late_acks
+            for msg_id in held:
+                late[msg_id] = e.at
+            while len(late) > LATE_ACKS_MAX:
+                del late[next(iter(late))]
         return (e.stores + stores, e.deletes + kept, e.consumed + list(consumed),
                 e.deferred + deferred)
+
+    def _late_acked(self, deletes: list) -> None:
+        """Acks of held messages that were committed before their acks came: the
+        delay they really took feeds the acks' average (LATE_ACKS_MAX).  The deadline
+        only says an ack took longer than it; a consumer whose acks take ten commits
+        must not be waited for again as soon as a commit or two run slow."""
+        late = self._late_acks
+        t = time.perf_counter()
+        for msg_id, _dst in deletes:
+            at = late.pop(msg_id, None)
+            if at is not None:
+                self._ack_wait += (t - at - self._ack_wait) * 0.1
 
     def _release_acks(self, c: _Conn) -> None:
         """Queue ``c``'s held ForwardAck ids as one frame (ACK_HOLD_S)."""
