@@ -63,6 +63,37 @@ class TestFailoverAudit:
                 assert stats["destinations"]["queue://audit"]["depth"] == 0
                 assert stats["destinations"]["queue://audit"]["inflight"] == 0
 
+    async def test_messages_still_queued_at_a_failover_are_handed_out_once(
+            self, nursery, tmp_path):
+        """Messages delivered to the client but not yet taken by the application when
+        the socket dies are redelivered by the broker on the new socket: the copies
+        still waiting in the subscription's queue give way to them (in place), so the
+        application gets each once, in order, and its acks settle them on the broker.
+        (Session 13: the queue handed out the old copy and then the new one.)"""
+        node, uri = await start_node(nursery, make_config(tmp_path))
+        with trio.fail_after(10):
+            async with connect(f"failover:({uri})?initialReconnectDelay=10") as conn:
+                sub = await conn.subscribe("queue://queued", prefetch=10)
+                ids = [await conn.send("queue://queued", b"%d" % i, persistent=True)
+                       for i in range(3)]
+                await wait_for(lambda: sub.queued == 3)   # none taken yet
+                await trio.aclose_forcefully(conn._stream.stream)   # the socket dies
+                await wait_for(lambda: conn.connected and conn.reconnects == 1)
+                await wait_for(lambda: conn._stream is not None and sub.queued >= 3)
+                fourth = await conn.send("queue://queued", b"3", persistent=True)
+                got = []
+                for _ in range(4):
+                    msg = await sub.receive()
+                    got.append(msg.id)
+                    await msg.ack()
+                assert got == [*ids, fourth]
+                with trio.move_on_after(0.2):
+                    extra = await sub.receive()
+                    raise AssertionError(f"handed out twice: {extra.id}")
+                stats = await conn.stat()
+                assert stats["destinations"]["queue://queued"]["depth"] == 0
+                assert stats["destinations"]["queue://queued"]["inflight"] == 0
+
     async def test_message_handed_out_before_a_failover_comes_flagged(self, tmp_path):
         """A slave restores a message the old master had delivered (the store does not
         know): the client marks its second coming as redelivered."""

@@ -41,7 +41,9 @@ Invariants:
 * Duplicates after a failover: each subscription remembers the ids it handed out (a
   bounded window).  A message that comes again after the application acked it (the
   ack died with the old socket, or a slave restored it) is acked again and not handed
-  out; one handed out but not acked comes with ``redelivered`` at least 1, as JMS asks.
+  out; one handed out but not acked comes with ``redelivered`` at least 1, as JMS asks;
+  one still waiting in the subscription's queue from the old socket is replaced there
+  by the new copy (the application gets it once, and its ack reaches the broker).
 """
 
 from __future__ import annotations
@@ -293,6 +295,21 @@ class Subscription:
     def _push(self, msg: ReceivedMessage) -> None:
         self._queue.append(msg)
         self._arrived.set()
+
+    def _again(self, msg: ReceivedMessage) -> None:
+        """``msg`` was delivered to this client before and never acked.  A copy from an
+        older socket still waiting in the queue (the application never took it) gives
+        way to it where it stands -- handed out once, and acked on the socket that can
+        settle it; one the application took comes again flagged redelivered."""
+        queue = self._queue
+        msg_id = msg.frame.msg
+        for i, old in enumerate(queue):
+            if old.frame.msg == msg_id and old._gen != msg._gen:
+                queue[i] = msg
+                return
+        if not msg.frame.redelivered:
+            msg.frame.redelivered = 1
+        self._push(msg)
 
     def _reset_acks(self) -> None:
         """A new socket: the broker requeued whatever the old one had in flight."""
@@ -947,6 +964,7 @@ class Connection:
                             continue  # closed meanwhile: the broker requeues it
                         audit = sub._audit
                         acked = audit.get(frame.msg)
+                        again = False
                         if acked is None:
                             audit[frame.msg] = False
                             if len(audit) > sub._audit_size + _AUDIT_SLACK:
@@ -958,12 +976,14 @@ class Connection:
                         elif acked:   # processed before a failover: settle it again
                             self._queue(Ack(frame.sub, frame.msg))
                             continue
-                        elif not frame.redelivered:
-                            frame.redelivered = 1   # handed out before, never acked
+                        else:
+                            again = True   # delivered before, never acked
                         sub._unsettled.append(frame.msg)
                         msg = ReceivedMessage(frame, self, gen)
                         if sub is self._reply_sub:
                             self._route_reply(msg)
+                        elif again:
+                            sub._again(msg)
                         else:
                             sub._push(msg)
                     else:
