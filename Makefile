@@ -44,10 +44,8 @@ strace:
 	  else echo "strace not installed (needs root and apt-get): the fsync-count tests will skip"; fi; }
 
 # Two pytest-xdist workers (tests/conftest.py keeps the Spark tests in one worker and
-# tests/worker_ports.py splits the fixed ports): 728-748 s instead of 1,027-1,120 in one
-# process on a 2-core machine.  Session 12 switched it off when the contention exposed a
-# reordering after kill -9 in tests/node/test_early_dispatch_crash.py; session 13 fixed
-# it at its cause (node.py _early_delivers) and switched it back on.
+# tests/worker_ports.py splits the fixed ports): 717-740 s instead of 1,027-1,120 in one
+# process on a 2-core machine.
 test: $(STAMP) browser strace
 	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist loadgroup; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
